@@ -1,0 +1,22 @@
+"""ActorJet: reinforcement learning of LLM agents as a fault-tolerant actor swarm.
+
+Importing the package sets thespian's convention timings *before* thespian itself is
+imported anywhere, because thespian reads them once at import time and every node must
+use the same values (see docs/architecture.md, "Membership").
+"""
+import os
+
+# thespian's defaults notice a dead node after ~22 minutes; these make the convention
+# re-register every 3 s.  Override them identically on every node, never on one only.
+os.environ.setdefault("CONVENTION_REREGISTRATION_PERIOD", "0:03")
+os.environ.setdefault("CONVENTION_RESTART_PERIOD", "0:03")
+os.environ.setdefault("CONVENTION_REGISTRATION_MISS_MAX", "2")
+
+__version__ = "0.1.0"
+
+
+def connect(head: str, **kwargs):
+    """Client mode: ``with actorjet.connect("127.0.0.1:8400").episode(...) as ep:``."""
+    from actorjet.runner.client import Client
+
+    return Client(head, **kwargs)

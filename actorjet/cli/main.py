@@ -1,0 +1,55 @@
+"""`actorjet` command line: one sub-command per verb, each with a --help that teaches.
+
+A ``UserError`` anywhere becomes one red line on stderr and exit code 2; a bug keeps its
+traceback (and says so), so the two are never confused.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from actorjet.errors import UserError
+
+EPILOG = """\
+typical use:
+  actorjet quickstart                          train the tiny arithmetic model locally (≈5 min)
+  actorjet start --config job.toml             head node; prints the join command
+  actorjet join HEAD:1900 --token T --slots 4  add a node that runs agent code
+  actorjet status                              nodes, runners, models, episodes
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from actorjet.cli import node_cmds, train_cmds
+
+    parser = argparse.ArgumentParser(
+        prog="actorjet", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Reinforcement learning of LLM agents as a fault-tolerant actor swarm.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    train_cmds.add_quickstart(sub)
+    node_cmds.add_start(sub)
+    node_cmds.add_join(sub)
+    node_cmds.add_leave(sub)
+    node_cmds.add_stop(sub)
+    node_cmds.add_status(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"actorjet {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"actorjet {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Node verbs: start (head), join, leave, stop, status."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from actorjet.errors import UserError
+from actorjet.runtime import messages as m
+
+DEFAULT_RUN_DIR = "runs/default"
+
+
+class _Stop:
+    """SIGTERM/SIGINT set a flag; the foreground loops check it between polls."""
+
+    def __init__(self):
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._set)
+        signal.signal(signal.SIGINT, self._set)
+
+    def _set(self, *_):
+        self.requested = True
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+# -- start -----------------------------------------------------------------------------
+
+def add_start(sub) -> None:
+    p = sub.add_parser("start", help="start the head node (convention leader) and the supervisor tree",
+                       description="Start the head: registry, models, merger and runner supervisor, as "
+                       "declared in the supervisor tree.  Prints the exact `actorjet join` command "
+                       "for other machines.  Starting again on the same --run-dir resumes the run "
+                       "(same join token; members rejoin by themselves).")
+    p.add_argument("--config", help="job config (TOML): models, tasks, training settings")
+    p.add_argument("--tree", help="supervisor tree (TOML); default: supervisors/default.toml")
+    p.add_argument("--host", default="127.0.0.1", help="address members reach the head at (default %(default)s)")
+    p.add_argument("--port", type=int, default=1900, help="convention port (default %(default)s)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="run directory (default %(default)s)")
+    p.add_argument("--slots", type=int, default=0, help="runner slots on the head itself (default 0)")
+    p.add_argument("--node-timeout", type=float, default=6.0,
+                   help="seconds without heartbeat before a node counts as lost (default %(default)s)")
+    p.set_defaults(func=cmd_start)
+
+
+def cmd_start(args) -> int:
+    from actorjet.job import load_job, tree_path
+    from actorjet.runtime.head import Head
+    from actorjet.runtime.spec import load_tree
+
+    tree = load_tree(args.tree or tree_path("default.toml"))
+    job = load_job(args.config) if args.config else {}
+    if args.node_timeout <= 0:
+        raise UserError("--node-timeout must be > 0")
+    stop = _Stop()
+    head = Head(Path(args.run_dir), tree, job, host=args.host, port=args.port, slots=args.slots,
+                node_timeout_s=args.node_timeout, heartbeat_s=min(1.0, args.node_timeout / 4))
+    head.start()
+    for note in head.notes:
+        _say(f"note: {note}")
+    _say(f"ActorJet head running (epoch {head.epoch}), run directory: {head.run_dir.resolve()}")
+    _say("join other machines with:")
+    _say(f"  {head.join_command()} --slots 4")
+    code = 0
+    try:
+        while not stop.requested:
+            msg = head.poll(0.5)
+            if isinstance(msg, m.Escalated):
+                if msg.path == "root":
+                    print(f"actorjet start: the root supervisor gave up: {msg.reason}", file=sys.stderr)
+                    code = 3
+                    break
+                _say(f"warning: {msg.path} escalated: {msg.reason}")
+    finally:
+        head.stop()
+        _say("head stopped")
+    return code
+
+
+# -- join / leave ----------------------------------------------------------------------
+
+def add_join(sub) -> None:
+    p = sub.add_parser("join", help="add this machine to a swarm as a runner node",
+                       description="Join the head at HOST:PORT.  The node runs agent runners in "
+                       "--slots slots.  Exits non-zero with a clear message if the head cannot be "
+                       "reached or refuses the node (wrong token, name taken).")
+    p.add_argument("head", metavar="HOST:PORT")
+    p.add_argument("--token", required=True, help="the token printed by `actorjet start`")
+    p.add_argument("--slots", type=int, default=1, help="concurrent runners on this node (default 1)")
+    p.add_argument("--name", default=None, help="node name (default: this host's name)")
+    p.add_argument("--port", type=int, default=None, help="this node's own admin port (default: a free one)")
+    p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for admission (default %(default)s)")
+    p.add_argument("--state-dir", default=None, help="where this node keeps its logs (default ~/.actorjet/nodes/NAME)")
+    p.set_defaults(func=cmd_join)
+
+
+def cmd_join(args) -> int:
+    import socket
+
+    from actorjet.runtime.member import Member
+
+    name = args.name or socket.gethostname()
+    member = Member(args.head, args.token, name, slots=args.slots, port=args.port,
+                    state_dir=args.state_dir, timeout_s=args.timeout)
+    stop = _Stop()
+    member.join()
+    _say(f"joined {args.head} as {name} ({member.node_id}) with {args.slots} slots; "
+         f"logs in {member.state_dir / 'logs'}")
+    try:
+        while not stop.requested:
+            msg = member.next_event(0.5)
+            if isinstance(msg, m.Admission):
+                _say(("re-admitted by the head" if msg.admitted else f"refused: {msg.reason}")
+                     + f" (admission {msg.admission})")
+    finally:
+        member.leave()
+        _say("left the swarm")
+    return 0
+
+
+def add_leave(sub) -> None:
+    p = sub.add_parser("leave", help="take a joined node out of the swarm gracefully",
+                       description="Stop the `actorjet join` process of node NAME on this machine; "
+                       "the head re-places its runners at once.")
+    p.add_argument("--name", default=None, help="node name (default: this host's name)")
+    p.add_argument("--state-dir", default=None)
+    p.set_defaults(func=cmd_leave)
+
+
+def cmd_leave(args) -> int:
+    import socket
+
+    from actorjet.runtime.member import default_state_dir
+
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir(args.name or socket.gethostname())
+    info = _read_json(state_dir / "join.json", "no joined node found there")
+    _terminate(info["pid"], "join process")
+    _say(f"node {info['node_id']} left")
+    return 0
+
+
+# -- stop / status ---------------------------------------------------------------------
+
+def add_stop(sub) -> None:
+    p = sub.add_parser("stop", help="stop the head of a run (or a stale actor system on a port)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR)
+    p.add_argument("--port", type=int, default=None, help="stop whatever ActorJet system listens on this port")
+    p.set_defaults(func=cmd_stop)
+
+
+def cmd_stop(args) -> int:
+    from actorjet.runtime import system
+
+    head_file = Path(args.run_dir) / "head.json"
+    port = args.port
+    if head_file.exists() and port is None:
+        info = _read_json(head_file, "")
+        port = info["port"]
+        if info.get("head_pid") and psutil.pid_exists(info["head_pid"]):
+            _terminate(info["head_pid"], "head process")
+    if port is None:
+        raise UserError(f"no head.json in {args.run_dir}; pass --run-dir or --port")
+    if system.shutdown_system(port):
+        _say(f"stopped the actor system on port {port}")
+    else:
+        _say(f"nothing is running on port {port}")
+    return 0
+
+
+def add_status(sub) -> None:
+    p = sub.add_parser("status", help="nodes, runners, models, behaviors and episode counts",
+                       description="Ask the registry of a head on this machine.")
+    p.add_argument("--head", default=None, help="HOST:PORT of the head (default: from --run-dir, else 127.0.0.1:1900)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args) -> int:
+    from actorjet.runtime.head import attach_root, status
+
+    port = 1900
+    if args.head:
+        port_text = args.head.rpartition(":")[2]
+        if not port_text.isdigit():
+            raise UserError(f"--head must look like HOST:PORT, got {args.head!r}")
+        port = int(port_text)
+    elif (Path(args.run_dir) / "head.json").exists():
+        port = _read_json(Path(args.run_dir) / "head.json", "")["port"]
+    asys, root = attach_root(port)     # a client handle: never shut it down (that stops the head)
+    data = status(asys, root)
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        from actorjet.cli.tables import print_status
+        print_status(data)
+    return 0
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+def _read_json(path: Path, missing: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} not found{': ' + missing if missing else ''}") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is unreadable: {e}") from None
+
+
+def _terminate(pid: int, what: str, timeout_s: float = 20.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and psutil.pid_exists(pid):
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.2)
+    if psutil.pid_exists(pid):
+        raise UserError(f"the {what} (pid {pid}) did not stop within {timeout_s:g} s")

@@ -1,0 +1,35 @@
+"""Human-readable status tables (rich), shared by `status` and `top`."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_status(data: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    nodes = Table(title="nodes")
+    for col in ("name", "node_id", "alive", "slots", "cpus", "gpus", "note"):
+        nodes.add_column(col)
+    for n in data.get("nodes", []):
+        nodes.add_row(n["name"], n["node_id"], "yes" if n["alive"] else "[red]lost[/red]",
+                      str(n["slots"]), str(n.get("cpus", "")), str(n.get("gpus", "")),
+                      n.get("lost_reason", ""))
+    console.print(nodes)
+    runners = Table(title="runners")
+    for col in ("id", "node_id", "behavior", "version", "state"):
+        runners.add_column(col)
+    for r in data.get("runners", []):
+        runners.add_row(r["id"], str(r.get("node_id") or "-"), str(r.get("behavior", "")),
+                        str(r.get("version", "")), r.get("state", ""))
+    console.print(runners)
+    if data.get("models"):
+        models = Table(title="models")
+        for col in ("name", "weight_version", "learner_step"):
+            models.add_column(col)
+        for mdl in data["models"]:
+            models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]))
+        console.print(models)
+    eps = data.get("episodes", {})
+    console.print("episodes: " + ", ".join(f"{k} {v}" for k, v in eps.items()))
+    restarts = data.get("restarts", {})
+    console.print("restarts: " + (", ".join(f"{k} {v}" for k, v in sorted(restarts.items())) or "none"))

@@ -1,0 +1,151 @@
+"""The registry actor: membership, runner placement view, restart counters, status.
+
+Membership is decided here.  thespian tells us when a member system registers with or
+drops out of the convention; that alone is too slow and too trusting, so the registry
+(1) checks the join token (an HMAC of the node id in the member's capabilities),
+(2) runs its own heartbeats to a NodeLink on every node and declares a node lost after
+``node_timeout_s`` without an answer, and (3) re-admits a node that answers again after a
+network cut under a fresh admission id, so the node stops the runners of the old one.
+Episode bookkeeping (leases, groups, results) lives in actorjet/registry/episodes.py.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from thespian.actors import ActorSystemConventionUpdate, ChildActorExited, WakeupMessage
+
+from actorjet.registry.episodes import EpisodeDesk
+from actorjet.registry.nodes import NodeTable
+from actorjet.runtime import messages as m
+from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.node import NodeLink
+
+log = logging.getLogger("actorjet")
+
+
+class Registry(ManagedActor):
+    def on_init(self) -> None:
+        ctx = self.context
+        self.table = NodeTable(ctx.get("token", ""), float(ctx.get("node_timeout_s", 6.0)))
+        self.heartbeat_s = float(ctx.get("heartbeat_s", 1.0))
+        self.epoch = int(ctx.get("head_epoch", 1))
+        self.admissions = 0
+        self.subscribers: list = []
+        self.runners: list = []
+        self.restarts: dict = {}
+        self.relinks: dict[str, int] = {}
+        self.desk = EpisodeDesk(self, ctx)
+        head = ctx.get("head_caps") or {}
+        if head.get("node_id"):
+            self.table.admit(head, "head", is_head=True)
+        self.notifyOnSystemRegistrationChanges(True)
+        self.wakeupAfter(timedelta(seconds=self.heartbeat_s), payload="heartbeat")
+
+    def on_stop(self) -> None:
+        self.desk.close()
+
+    # -- joining ------------------------------------------------------------------------
+    def receiveMsg_ActorSystemConventionUpdate(self, msg: ActorSystemConventionUpdate, sender):
+        caps = msg.remoteCapabilities or {}
+        node_id = caps.get("node_id", "")
+        if msg.remoteAdded:
+            known = self.table.nodes.get(node_id)
+            if known is not None and known.alive:
+                return          # a re-registration we already know about
+            self._admit(caps)
+        elif node_id:
+            self._lost(node_id, "left the convention (stopped or unreachable)")
+
+    def _admit(self, caps: dict) -> None:
+        reason = self.table.check(caps)
+        link = self.createActor(NodeLink, targetActorRequirements={"node_id": caps.get("node_id")})
+        if reason:
+            log.warning("refused node %s: %s", caps.get("name"), reason)
+            self.send(link, m.Introduce(False, reason))
+            return
+        self.admissions += 1
+        node = self.table.admit(caps, f"{self.epoch}.{self.admissions}")
+        node.link = link
+        self.send(link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
+        log.info("admitted node %s (%s) with %d slots", node.name, node.node_id, node.slots)
+        self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission))
+
+    def _lost(self, node_id: str, reason: str) -> None:
+        node = self.table.mark_lost(node_id, reason)
+        if node is not None:
+            log.warning("node %s lost: %s", node.name, reason)
+            self._publish(m.NodeLost(node_id, reason))
+            self.desk.node_lost(node_id)
+
+    def receiveMsg_Leaving(self, msg: m.Leaving, sender):
+        self._lost(msg.node_id, "left (actorjet leave)")
+
+    # -- heartbeats ---------------------------------------------------------------------
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
+        if msg.payload == "heartbeat":
+            for node in self.table.nodes.values():
+                if node.link is not None:          # lost nodes too: they may come back
+                    self.send(node.link, m.Ping())
+            for node in self.table.overdue():
+                self._lost(node.node_id, f"no heartbeat for {self.table.node_timeout_s:g} s")
+            self.desk.tick()
+            self.wakeupAfter(timedelta(seconds=self.heartbeat_s), payload="heartbeat")
+
+    def receiveMsg_Pong(self, msg: m.Pong, sender):
+        node = next((n for n in self.table.nodes.values() if n.link == sender), None)
+        if node is None:
+            return
+        self.table.seen(node.node_id)
+        if not node.alive and node.lost_reason.startswith("no heartbeat"):
+            # Back after a network cut: a fresh admission makes it drop its old runners.
+            self.admissions += 1
+            node.alive, node.lost_reason = True, ""
+            node.admission = f"{self.epoch}.{self.admissions}"
+            self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
+            log.info("node %s is back; re-admitted", node.name)
+            self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission))
+
+    def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):
+        """A NodeLink died.  If its node is still alive, recreate it (a few times)."""
+        node = next((n for n in self.table.nodes.values() if n.link == msg.childAddress), None)
+        if node is None or not node.alive:
+            return
+        tries = self.relinks.get(node.node_id, 0)
+        if tries >= 3:
+            node.link = None
+            return
+        self.relinks[node.node_id] = tries + 1
+        node.link = self.createActor(NodeLink, targetActorRequirements={"node_id": node.node_id})
+        self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
+
+    # -- subscriptions and status ------------------------------------------------------
+    def receiveMsg_Subscribe(self, msg: m.Subscribe, sender):
+        if sender not in self.subscribers:
+            self.subscribers.append(sender)
+        for node in self.table.alive():
+            self.send(sender, m.NodeUp(node.node_id, node.name, node.slots, node.admission))
+
+    def _publish(self, msg) -> None:
+        for sub in self.subscribers:
+            self.send(sub, msg)
+
+    def receiveMsg_RunnersChanged(self, msg: m.RunnersChanged, sender):
+        self.runners = msg.runners
+
+    def receiveMsg_RestartCounts(self, msg: m.RestartCounts, sender):
+        self.restarts = dict(msg.counts)
+
+    def receiveMsg_GetStatus(self, msg: m.GetStatus, sender):
+        data = {"head_epoch": self.epoch,
+                "nodes": [n.public() for n in self.table.nodes.values()],
+                "nodes_lost": self.table.lost_count,
+                "runners": self.runners,
+                "restarts": self.restarts}
+        data.update(self.desk.status())
+        self.send(sender, m.Status(data))
+
+    # -- episodes: delegated to the desk ------------------------------------------------
+    def receiveUnrecognizedMessage(self, msg, sender):
+        if not self.desk.handle(msg, sender):
+            super().receiveUnrecognizedMessage(msg, sender)

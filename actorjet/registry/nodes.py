@@ -1,0 +1,85 @@
+"""Membership bookkeeping: who joined, with which capabilities, and who is still alive.
+
+Kept free of thespian so the rules (token check, one live node per name, timeouts) are
+plain functions a test can call directly.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass, field
+
+
+def node_auth(token: str, node_id: str) -> str:
+    """What a member puts in its capabilities: proves it knows the token without sending it."""
+    return hmac.new(token.encode(), node_id.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass
+class Node:
+    node_id: str
+    name: str
+    slots: int
+    cpus: int = 0
+    gpus: int = 0
+    is_head: bool = False
+    alive: bool = True
+    link: object = None            # NodeLink address on that node
+    admission: str = ""
+    last_seen: float = field(default_factory=time.monotonic)
+    lost_reason: str = ""
+    joined_at: float = field(default_factory=time.time)
+
+    def public(self) -> dict:
+        return {"node_id": self.node_id, "name": self.name, "alive": self.alive,
+                "slots": self.slots, "cpus": self.cpus, "gpus": self.gpus,
+                "head": self.is_head, "lost_reason": self.lost_reason}
+
+
+class NodeTable:
+    def __init__(self, token: str, node_timeout_s: float):
+        self.token, self.node_timeout_s = token, node_timeout_s
+        self.nodes: dict[str, Node] = {}
+        self.lost_count = 0
+
+    def check(self, caps: dict) -> str:
+        """Return '' if ``caps`` may join, else the reason it may not."""
+        node_id, name = caps.get("node_id"), caps.get("name")
+        if not node_id or not name:
+            return "not an ActorJet node (no node_id/name capability)"
+        if not hmac.compare_digest(str(caps.get("actorjet_auth", "")), node_auth(self.token, node_id)):
+            return "wrong join token"
+        for other in self.nodes.values():
+            if other.name == name and other.alive and other.node_id != node_id:
+                return f"a live node is already joined under the name {name!r}; use --name"
+        return ""
+
+    def admit(self, caps: dict, admission: str, is_head: bool = False) -> Node:
+        node = Node(node_id=caps["node_id"], name=caps["name"], slots=int(caps.get("slots", 0)),
+                    cpus=int(caps.get("cpus", 0)), gpus=int(caps.get("gpus", 0)),
+                    is_head=is_head, admission=admission)
+        self.nodes[node.node_id] = node
+        return node
+
+    def seen(self, node_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.last_seen = time.monotonic()
+
+    def mark_lost(self, node_id: str, reason: str) -> Node | None:
+        node = self.nodes.get(node_id)
+        if node is None or not node.alive:
+            return None
+        node.alive, node.lost_reason = False, reason
+        self.lost_count += 1
+        return node
+
+    def overdue(self) -> list[Node]:
+        """Alive member nodes whose heartbeat is older than the timeout."""
+        now = time.monotonic()
+        return [n for n in self.nodes.values()
+                if n.alive and not n.is_head and now - n.last_seen > self.node_timeout_s]
+
+    def alive(self) -> list[Node]:
+        return [n for n in self.nodes.values() if n.alive]

@@ -1,0 +1,77 @@
+"""Base class for every actor that lives in a supervisor tree.
+
+It gives OTP's "let it crash" semantics on top of thespian: thespian would retry a
+failing message once and keep the actor alive with possibly broken state; a managed
+actor instead reports the error to its supervisor and exits, so the supervisor restarts
+it from its spec's state.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+from thespian.actors import ActorExitRequest, ActorTypeDispatcher
+
+from actorjet.runtime import messages as m
+
+log = logging.getLogger("actorjet")
+
+
+class ManagedActor(ActorTypeDispatcher):
+    child_id: str = "?"
+    path: str = "?"
+    args: dict = {}
+    context: dict = {}
+    supervisor = None
+
+    def receiveMessage(self, msg, sender):
+        try:
+            super().receiveMessage(msg, sender)
+        except Exception as e:  # noqa: BLE001 - any failure means: restart me cleanly
+            detail = f"{type(e).__name__}: {e}"
+            log.error("%s crashed on %s: %s\n%s", self.path, type(msg).__name__, detail,
+                      traceback.format_exc())
+            if self.supervisor is not None:
+                self.send(self.supervisor, m.ChildCrashed(self.child_id, detail))
+            self.send(self.myAddress, ActorExitRequest())
+
+    # -- messages every managed actor understands ----------------------------------------
+    def receiveMsg_Init(self, msg: m.Init, sender):
+        self.child_id, self.path, self.args = msg.child_id, msg.path, dict(msg.args)
+        self.context, self.supervisor = dict(msg.context), msg.supervisor
+        self.on_init()
+
+    def receiveMsg_ContextUpdate(self, msg: m.ContextUpdate, sender):
+        self.context.update(msg.context)
+        self.on_context()
+
+    def receiveMsg_Ping(self, msg: m.Ping, sender):
+        self.send(sender, m.Pong(msg.nonce, os.getpid(), self.info()))
+
+    def receiveMsg_Crash(self, msg: m.Crash, sender):
+        raise RuntimeError(msg.error)
+
+    def receiveMsg_ActorExitRequest(self, msg, sender):
+        self.on_stop()
+
+    def receiveUnrecognizedMessage(self, msg, sender):
+        log.debug("%s ignores %r", self.path, type(msg).__name__)
+
+    # -- hooks for subclasses -------------------------------------------------------------
+    def on_init(self) -> None:
+        """Called after (every) start with ``self.args`` and ``self.context`` set."""
+
+    def on_context(self) -> None:
+        """Called when a shared address in ``self.context`` changed."""
+
+    def on_stop(self) -> None:
+        """Called when the actor is asked to exit: release ports, threads, files."""
+
+    def info(self) -> dict:
+        """Extra data for Pong replies (tests and status)."""
+        return {"path": self.path, "args": self.args}
+
+    @property
+    def registry(self):
+        return self.context.get("registry")

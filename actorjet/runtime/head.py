@@ -1,0 +1,144 @@
+"""The head node: the convention leader that runs the root supervisor.
+
+The head's durable identity lives in ``RUN_DIR/head.json`` (join token, epoch, ports), so
+`actorjet start` on the same run directory after a crash keeps the token — members
+re-register with the restarted leader on their own and are re-admitted — and bumps the
+epoch, which makes members stop the orphaned runners of the previous head.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import uuid
+from pathlib import Path
+
+import psutil
+
+from actorjet.errors import UserError
+from actorjet.runtime import messages as m
+from actorjet.runtime import system
+from actorjet.runtime.spec import ChildSpec
+from actorjet.runtime.supervisor import Supervisor
+
+ROOT_NAME = "actorjet-root"
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch or no driver: no GPUs
+        return 0
+
+
+def read_head_file(run_dir: Path) -> dict:
+    path = run_dir / "head.json"
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is unreadable ({e}); move it away to start a new run there") from None
+
+
+def write_head_file(run_dir: Path, data: dict) -> None:
+    path = run_dir / "head.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.chmod(tmp, 0o600)      # it holds the cluster secret
+    tmp.replace(path)
+
+
+class Head:
+    def __init__(self, run_dir: Path, tree: ChildSpec, job: dict | None = None, host: str = "127.0.0.1",
+                 port: int = 1900, slots: int = 0, node_timeout_s: float = 6.0,
+                 heartbeat_s: float = 1.0):
+        self.run_dir, self.tree, self.job = Path(run_dir), tree, job or {}
+        self.host, self.port, self.slots = host, port, slots
+        self.node_timeout_s, self.heartbeat_s = node_timeout_s, heartbeat_s
+        self.asys = None
+        self.root = None
+        self.notes: list[str] = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        state = read_head_file(self.run_dir)
+        self._clean_stale(state)
+        self.token = state.get("token") or secrets.token_urlsafe(18)
+        self.epoch = int(state.get("epoch", 0)) + 1
+        caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.host, self.port),
+                "actorjet_role": "head", "node_id": f"head-{uuid.uuid4().hex[:8]}", "name": "head",
+                "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count()}
+        self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.host)
+        context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir),
+                   "head_caps": {k: v for k, v in caps.items() if " " not in k},
+                   "node_timeout_s": self.node_timeout_s, "heartbeat_s": self.heartbeat_s,
+                   "job": self.job, "head": f"{self.host}:{self.port}"}
+        write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "host": self.host,
+                                       "port": self.port, "head_pid": os.getpid(),
+                                       "admin_pid": system.admin_pid(self.port)})
+        self.root = self.asys.createActor(Supervisor, globalName=ROOT_NAME)
+        reply = self.asys.ask(self.root, m.Init("root", "root", {"spec": self.tree.to_dict()},
+                                                context, None), timeout_s)
+        if not isinstance(reply, m.Started):
+            self.stop()
+            raise UserError(f"the supervisor tree did not start within {timeout_s:g} s; "
+                            f"see {self.run_dir / 'logs' / 'head'}")
+
+    def _clean_stale(self, state: dict) -> None:
+        """A head that crashed leaves its daemonized admin on the port: stop it if it is ours."""
+        if not system.port_in_use(self.host, self.port):
+            return
+        pid = state.get("head_pid")
+        ours = state.get("port") == self.port and pid and not psutil.pid_exists(pid)
+        if not ours:
+            return    # start_actor_system reports the port as taken
+        system.shutdown_system(self.port)
+        self.notes.append(f"stopped a stale actor system left on port {self.port} by head pid {pid}")
+
+    def join_command(self) -> str:
+        host = self.host if self.host not in ("0.0.0.0", "") else socket.gethostname()
+        return f"actorjet join {host}:{self.port} --token {self.token}"
+
+    def poll(self, timeout_s: float):
+        """The next message the root sends the head (an ``Escalated``), or None."""
+        return self.asys.listen(timeout_s)
+
+    def stop(self) -> None:
+        if self.asys is None:
+            return
+        try:
+            if self.root is not None:
+                self.asys.ask(self.root, m.StopTree(), 10)
+        finally:
+            self.asys.shutdown()
+            self.asys = None
+
+    # -- asking the tree ---------------------------------------------------------------
+    def lookup(self, path: str, timeout_s: float = 5.0):
+        return lookup(self.asys, self.root, path, timeout_s)
+
+    def status(self, timeout_s: float = 5.0) -> dict:
+        return status(self.asys, self.root, timeout_s)
+
+
+def lookup(asys, root, path: str, timeout_s: float = 5.0):
+    reply = asys.ask(root, m.Lookup(path), timeout_s)
+    return reply.address if isinstance(reply, m.LookupResult) else None
+
+
+def status(asys, root, timeout_s: float = 5.0) -> dict:
+    registry = lookup(asys, root, "registry", timeout_s)
+    if registry is None:
+        raise UserError("the registry is not answering (restarting?); try again")
+    reply = asys.ask(registry, m.GetStatus(), timeout_s)
+    if not isinstance(reply, m.Status):
+        raise UserError("the registry did not answer within the timeout")
+    return reply.data
+
+
+def attach_root(port: int):
+    """(client system, root address) for a head on this machine's ``port``."""
+    asys = system.attach(port)
+    return asys, asys.createActor(Supervisor, globalName=ROOT_NAME)

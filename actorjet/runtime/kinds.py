@@ -1,0 +1,42 @@
+"""Actor kinds a tree file may name, and how a kind becomes an actor class.
+
+A kind is either a short name below or ``package.module:Class`` for a user's own actor
+(it must be importable on the node that hosts it and subclass ManagedActor).
+"""
+from __future__ import annotations
+
+import importlib
+
+from actorjet.errors import UserError
+
+KINDS = {
+    "supervisor": "actorjet.runtime.supervisor:Supervisor",
+    "registry": "actorjet.registry.actor:Registry",
+    "runner_supervisor": "actorjet.runner.supervisor:RunnerSupervisor",
+    "merger": "actorjet.context.merger:Merger",
+    "engine": "actorjet.models.engine_actor:Engine",
+    "gateway": "actorjet.models.gateway_actor:Gateway",
+    "learner": "actorjet.models.learner_actor:Learner",
+    "probe": "actorjet.runtime.probe:Probe",
+}
+
+
+def names() -> list[str]:
+    return sorted(KINDS)
+
+
+def resolve(kind: str) -> type:
+    """Import and return the actor class for ``kind``; UserError if there is none."""
+    target = KINDS.get(kind, kind)
+    if ":" not in target:
+        raise UserError(f"unknown actor kind {kind!r} (known: {', '.join(names())}, "
+                        "or 'package.module:Class')")
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"actor kind {kind!r}: cannot import {module_name}: {e}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UserError(f"actor kind {kind!r}: {module_name} has no class {class_name}")
+    return cls

@@ -1,0 +1,85 @@
+"""A joined node: its own actor system as a convention member, plus the join handshake.
+
+The member advertises capabilities (node_id, name, role, slots, cpus, gpus) and an HMAC
+of its node id under the join token.  It then waits for the head's verdict through its
+local NodeAgent; a wrong token or a taken name ends the join with a clear message and a
+non-zero exit, and nothing is placed on the node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+from actorjet.errors import UserError
+from actorjet.registry.nodes import node_auth
+from actorjet.runtime import messages as m
+from actorjet.runtime import system
+from actorjet.runtime.head import gpu_count
+from actorjet.runtime.node import NODE_AGENT_NAME, NodeAgent
+
+
+def default_state_dir(name: str) -> Path:
+    return Path(os.environ.get("ACTORJET_HOME", Path.home() / ".actorjet")) / "nodes" / name
+
+
+class Member:
+    def __init__(self, head: str, token: str, name: str, slots: int = 1, port: int | None = None,
+                 state_dir: Path | None = None, timeout_s: float = 20.0):
+        host, _, port_text = head.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise UserError(f"HEAD must look like HOST:PORT, got {head!r}")
+        if slots < 0:
+            raise UserError("--slots must be >= 0")
+        self.head_host, self.head_port = host, int(port_text)
+        self.token, self.name, self.slots = token, name, slots
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir(name)
+        self.timeout_s = timeout_s
+        self.port = port
+        self.asys = None
+        self.agent = None
+        self.node_id = f"{name}-{uuid.uuid4().hex[:8]}"
+
+    def join(self) -> m.Admission:
+        system.check_reachable(self.head_host, self.head_port, min(self.timeout_s, 10.0))
+        advertise = system.address_towards(self.head_host, self.head_port)
+        self.port = self.port or system.free_port(advertise)
+        caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.head_host, self.head_port),
+                "actorjet_role": "runner", "node_id": self.node_id, "name": self.name,
+                "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
+                "actorjet_auth": node_auth(self.token, self.node_id)}
+        self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise)
+        self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
+        reply = self.asys.ask(self.agent, m.WaitAdmission(self.timeout_s), self.timeout_s)
+        if not isinstance(reply, m.Admission):
+            self.shutdown()
+            raise UserError(f"the head at {self.head_host}:{self.head_port} did not admit this node "
+                            f"within {self.timeout_s:g} s (is it an ActorJet head? are the "
+                            "convention timings the same on both sides?)")
+        if not reply.admitted:
+            self.shutdown()
+            raise UserError(f"the head refused this node: {reply.reason}")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "join.json").write_text(json.dumps(
+            {"pid": os.getpid(), "node_id": self.node_id, "port": self.port,
+             "head": f"{self.head_host}:{self.head_port}"}))
+        return reply
+
+    def next_event(self, timeout_s: float):
+        """Later verdicts (re-admission after a head restart or a network cut), or None."""
+        return self.asys.listen(timeout_s)
+
+    def leave(self) -> None:
+        """Tell the head we go (it re-places our runners at once), then stop."""
+        if self.asys is not None and self.agent is not None:
+            self.asys.ask(self.agent, m.Leaving(self.node_id), 3)
+            time.sleep(0.2)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        if self.asys is not None:
+            self.asys.shutdown()
+            self.asys = None
+        (self.state_dir / "join.json").unlink(missing_ok=True)

@@ -1,0 +1,178 @@
+"""Control-plane messages exchanged between actors.
+
+They are plain classes in an importable module because thespian pickles them between
+processes and nodes (classes defined in ``__main__`` fail remotely).  Payloads stay small
+and made of plain data: big things travel over HTTP or files.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+# --- supervision -----------------------------------------------------------------------
+
+@dataclass
+class Init:
+    """Sent by a supervisor to a (re)started child: its spec's state, every time."""
+    child_id: str
+    path: str
+    args: dict
+    context: dict            # shared head context: registry address, run dir, job config
+    supervisor: Any = None   # parent's address (None for the root)
+
+
+@dataclass
+class Started:
+    """Reply of the root supervisor to the head process once its children are up."""
+    path: str
+
+
+@dataclass
+class ContextUpdate:
+    """A shared address changed (e.g. the registry restarted): children re-learn it."""
+    context: dict
+
+
+@dataclass
+class ChildCrashed:
+    """A managed child raised: it reports why, then exits so its supervisor restarts it."""
+    child_id: str
+    error: str
+
+
+@dataclass
+class StoppingNormally:
+    """A transient child tells its supervisor that its coming exit is not a failure."""
+    child_id: str
+
+
+@dataclass
+class Escalated:
+    """A supervisor exceeded its restart intensity, stopped its children and gave up."""
+    path: str
+    reason: str
+
+
+@dataclass
+class ChildRestarted:
+    """Bubbled up to the root so the registry can count restarts per child path."""
+    path: str
+    latency_ms: float | None = None
+
+
+@dataclass
+class Lookup:
+    """Ask a supervisor for the address of a descendant, e.g. ``model.policy/engine``."""
+    path: str
+    reply_to: Any = None
+
+
+@dataclass
+class LookupResult:
+    path: str
+    address: Any   # None when there is no such child (or it is restarting)
+
+
+@dataclass
+class Ping:
+    nonce: int = 0
+
+
+@dataclass
+class Pong:
+    nonce: int
+    pid: int
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class Crash:
+    """Test hook understood by every managed actor: raise inside the handler."""
+    error: str = "crash requested"
+
+
+@dataclass
+class StopTree:
+    """Ask a supervisor to stop its children in reverse order, then itself."""
+
+
+# --- membership ------------------------------------------------------------------------
+
+@dataclass
+class WaitAdmission:
+    """Sent by the `actorjet join` process to its local node agent."""
+    timeout_s: float
+
+
+@dataclass
+class Introduce:
+    """Registry → node link → node agent: admitted (with an admission id) or rejected."""
+    admitted: bool
+    reason: str = ""
+    admission: str = ""
+    registry: Any = None
+    head_epoch: int = 0
+
+
+@dataclass
+class Admission:
+    """Node agent → join process: the outcome of the join handshake."""
+    admitted: bool
+    reason: str = ""
+    admission: str = ""
+
+
+@dataclass
+class RunnerHello:
+    """A runner tells its node agent which admission placed it (for orphan cleanup)."""
+    admission: str
+    runner_id: str
+
+
+@dataclass
+class NodeUp:
+    node_id: str
+    name: str
+    slots: int
+    admission: str = ""
+
+
+@dataclass
+class NodeLost:
+    node_id: str
+    reason: str
+
+
+@dataclass
+class Leaving:
+    """Graceful `actorjet leave`: runners are re-placed at once, no timeout needed."""
+    node_id: str
+
+
+@dataclass
+class Subscribe:
+    """Ask the registry for node events (NodeUp / NodeLost)."""
+    topic: str = "nodes"
+
+
+@dataclass
+class RunnersChanged:
+    """Runner supervisor → registry: the current placement, for `actorjet status`."""
+    runners: list
+
+
+@dataclass
+class GetStatus:
+    pass
+
+
+@dataclass
+class Status:
+    data: dict
+
+
+@dataclass
+class RestartCounts:
+    """Root → registry after the registry (re)starts: restart counters per child path."""
+    counts: dict

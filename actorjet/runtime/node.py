@@ -1,0 +1,86 @@
+"""The two small actors that tie a joined node to the head.
+
+NodeAgent   lives on the member, created by the `actorjet join` process under a global
+            name.  It hears the head's verdict (admitted or rejected), tells the join
+            process, and stops runners left over from an earlier admission (orphans of a
+            head that restarted, or of a network cut after which their work was re-placed).
+NodeLink    is created *by the registry* on the member (placement by node_id).  It is the
+            registry's heartbeat partner there and finds the NodeAgent by its global name,
+            which only resolves on the member's own actor system.
+"""
+from __future__ import annotations
+
+import logging
+
+from thespian.actors import ActorExitRequest, ActorTypeDispatcher
+
+from actorjet.runtime import messages as m
+
+log = logging.getLogger("actorjet")
+NODE_AGENT_NAME = "actorjet-node"
+
+
+def on_node(capabilities: dict, requirements: dict | None) -> bool:
+    """Placement rule shared by node-bound actors: the node_id must match exactly."""
+    if not requirements or "node_id" not in requirements:
+        return True
+    return capabilities.get("node_id") == requirements["node_id"]
+
+
+class NodeAgent(ActorTypeDispatcher):
+    def __init__(self):
+        super().__init__()
+        self.waiter = None
+        self.outcome: m.Admission | None = None
+        self.admission = ""
+        self.registry = None
+        self.node_id = ""
+        self.runners: dict[str, tuple[str, object]] = {}   # runner id → (admission, address)
+
+    def receiveMsg_WaitAdmission(self, msg: m.WaitAdmission, sender):
+        self.waiter = sender
+        if self.outcome is not None:
+            self.send(sender, self.outcome)
+
+    def receiveMsg_Introduce(self, msg: m.Introduce, sender):
+        self.outcome = m.Admission(msg.admitted, msg.reason, msg.admission)
+        if msg.admitted:
+            self.admission, self.registry = msg.admission, msg.registry
+            for runner_id, (admission, addr) in list(self.runners.items()):
+                if admission != self.admission:
+                    log.info("stopping orphan runner %s of admission %s", runner_id, admission)
+                    self.send(addr, ActorExitRequest())
+                    del self.runners[runner_id]
+        if self.waiter is not None:
+            self.send(self.waiter, self.outcome)
+
+    def receiveMsg_RunnerHello(self, msg: m.RunnerHello, sender):
+        if self.admission and msg.admission != self.admission:
+            self.send(sender, ActorExitRequest())   # placed by a head that is gone
+            return
+        self.runners[msg.runner_id] = (msg.admission, sender)
+
+    def receiveMsg_Leaving(self, msg: m.Leaving, sender):
+        if self.registry is not None:
+            self.send(self.registry, msg)
+        self.send(sender, m.Admission(False, "left"))
+
+    def receiveMsg_Ping(self, msg: m.Ping, sender):
+        import os
+        self.send(sender, m.Pong(msg.nonce, os.getpid(), {"runners": sorted(self.runners),
+                                                          "admission": self.admission}))
+
+
+class NodeLink(ActorTypeDispatcher):
+    @staticmethod
+    def actorSystemCapabilityCheck(capabilities, requirements):
+        return on_node(capabilities, requirements)
+
+    def receiveMsg_Introduce(self, msg: m.Introduce, sender):
+        agent = self.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
+        self.send(agent, msg)
+        if not msg.admitted:
+            self.send(self.myAddress, ActorExitRequest())
+
+    def receiveMsg_Ping(self, msg: m.Ping, sender):
+        self.send(sender, m.Pong(msg.nonce, 0, {}))

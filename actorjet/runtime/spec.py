@@ -1,0 +1,148 @@
+"""Supervisor trees declared as data, OTP style, loaded from TOML.
+
+A tree file is one supervisor table: its strategy, restart intensity and backoff, and an
+array of ``[[children]]``.  A child whose ``kind`` is ``"supervisor"`` carries the same
+keys and its own ``[[children.children]]``.  Every mistake is reported with the file, the
+line and the field, because a tree file is written by hand.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from actorjet.errors import UserError
+from actorjet.runtime import kinds
+
+RESTART_TYPES = ("permanent", "transient", "temporary")
+STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
+CHILD_KEYS = {"id", "kind", "restart", "args", "placement"}
+SUPERVISOR_KEYS = {"strategy", "max_restarts", "period_s", "backoff_initial_s",
+                   "backoff_max_s", "children"}
+
+
+@dataclass
+class ChildSpec:
+    id: str
+    kind: str
+    restart: str = "permanent"
+    args: dict = field(default_factory=dict)
+    placement: dict = field(default_factory=dict)   # thespian actor requirements
+    # only for kind == "supervisor":
+    strategy: str = "one_for_one"
+    max_restarts: int = 5
+    period_s: float = 10.0
+    backoff_initial_s: float = 0.0
+    backoff_max_s: float = 5.0
+    children: list["ChildSpec"] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """Plain data, so the spec travels inside thespian messages."""
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> "ChildSpec":
+        data = dict(data)
+        data["children"] = [ChildSpec.from_dict(c) for c in data.get("children", [])]
+        return ChildSpec(**data)
+
+
+class _Located:
+    """Finds the line a field sits on, for error messages (tomllib keeps no positions)."""
+
+    def __init__(self, path: str, text: str):
+        self.path, self.lines = path, text.splitlines()
+
+    def line(self, child_id: str | None, key: str) -> int:
+        start = 0
+        if child_id is not None:
+            pat = re.compile(r'^\s*id\s*=\s*["\']%s["\']' % re.escape(child_id))
+            start = next((i for i, l in enumerate(self.lines) if pat.match(l)), 0)
+        pat = re.compile(r"^\s*%s\s*=" % re.escape(key))
+        for i in range(start, len(self.lines)):
+            if pat.match(self.lines[i]):
+                return i + 1
+        return start + 1
+
+    def error(self, child_id: str | None, key: str, what: str) -> UserError:
+        return UserError(f"{self.path}:{self.line(child_id, key)}: field '{key}': {what}")
+
+
+def load_tree(path: str | Path) -> ChildSpec:
+    """Parse and validate a tree file; raise UserError naming file, line and field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"cannot read supervisor tree {path}: {e.strerror}") from None
+    return parse_tree(text, str(path))
+
+
+def parse_tree(text: str, name: str = "<tree>") -> ChildSpec:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{name}: malformed TOML: {e}") from None
+    loc = _Located(name, text)
+    data.setdefault("id", "root")
+    data["kind"] = "supervisor"
+    spec = _child(data, loc, seen=set())
+    return spec
+
+
+def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
+    cid = data.get("id")
+    if not isinstance(cid, str) or not cid or "/" in cid:
+        raise loc.error(None, "id", f"every child needs a string id without '/', got {cid!r}")
+    if cid in seen:
+        raise loc.error(cid, "id", f"duplicate child id {cid!r} under one supervisor")
+    seen.add(cid)
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        raise loc.error(cid, "kind", f"child {cid!r} needs a kind (one of {', '.join(kinds.names())})")
+    allowed = CHILD_KEYS | (SUPERVISOR_KEYS if kind == "supervisor" else set())
+    for key in data:
+        if key not in allowed:
+            raise loc.error(cid, key, f"unknown field for a {kind!r} child (allowed: {', '.join(sorted(allowed))})")
+    try:
+        kinds.resolve(kind)
+    except UserError as e:
+        raise loc.error(cid, "kind", str(e)) from None
+    restart = data.get("restart", "permanent")
+    if restart not in RESTART_TYPES:
+        raise loc.error(cid, "restart", f"must be one of {', '.join(RESTART_TYPES)}, got {restart!r}")
+    for key in ("args", "placement"):
+        if not isinstance(data.get(key, {}), dict):
+            raise loc.error(cid, key, "must be a table, e.g. args = { model = \"policy\" }")
+    spec = ChildSpec(id=cid, kind=kind, restart=restart, args=dict(data.get("args", {})),
+                     placement=dict(data.get("placement", {})))
+    if kind != "supervisor":
+        return spec
+    strategy = data.get("strategy", "one_for_one")
+    if strategy not in STRATEGIES:
+        raise loc.error(cid, "strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    spec.strategy = strategy
+    for key, typ, minimum in (("max_restarts", int, 0), ("period_s", (int, float), 0.001),
+                              ("backoff_initial_s", (int, float), 0), ("backoff_max_s", (int, float), 0)):
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, typ) or value < minimum:
+                raise loc.error(cid, key, f"must be a number >= {minimum}, got {value!r}")
+            setattr(spec, key, value)
+    children = data.get("children", [])
+    if not isinstance(children, list):
+        raise loc.error(cid, "children", "must be an array of tables: [[children]]")
+    child_ids: set = set()
+    spec.children = [_child(c, loc, child_ids) for c in children]
+    return spec
+
+
+def find(spec: ChildSpec, path: str) -> ChildSpec | None:
+    """The spec at ``a/b/c`` below ``spec`` (used by tests and `actorjet status`)."""
+    node = spec
+    for part in [p for p in path.split("/") if p]:
+        node = next((c for c in node.children if c.id == part), None)
+        if node is None:
+            return None
+    return node

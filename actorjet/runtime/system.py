@@ -1,0 +1,121 @@
+"""Starting, finding and stopping thespian actor systems (one per node).
+
+Everything that touches ports and processes is here, so the rest of the code never
+guesses: which address to advertise, where thespian logs, whether a port holds a stale
+system, which processes belong to a system (thespian's admin daemonizes into its own
+session, so "the head's processes" = the admin's session).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+from pathlib import Path
+
+import psutil
+from thespian.actors import ActorSystem
+
+from actorjet.errors import UserError
+
+BASE = "multiprocTCPBase"
+log = logging.getLogger("actorjet")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def check_reachable(host: str, port: int, timeout_s: float) -> None:
+    """Fail fast, with a clear message, when the head cannot be reached at all."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except socket.timeout:
+        why = f"no answer within {timeout_s:g} s"
+    except OSError as e:
+        why = e.strerror or str(e)
+    raise UserError(f"cannot reach the head at {host}:{port}: {why} "
+                    "(is `actorjet start` running there, and is the port open?)")
+
+
+def address_towards(host: str, port: int) -> str:
+    """The local IP address that packets to host:port leave from (what to advertise)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
+
+
+def log_defs(log_dir: Path) -> dict:
+    return {
+        "version": 1,
+        "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"file": {"class": "logging.FileHandler", "formatter": "plain",
+                              "filename": str(log_dir / "actors.log"), "level": "INFO"}},
+        "loggers": {"actorjet": {"handlers": ["file"], "level": "INFO", "propagate": False}},
+        "root": {"handlers": ["file"], "level": "WARNING"},
+    }
+
+
+def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str) -> ActorSystem:
+    """Start (not attach to) an actor system with these capabilities, logging under log_dir."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["THESPLOG_FILE"] = str(log_dir / "thespian.log")
+    os.environ.setdefault("THESPLOG_THRESHOLD", "WARNING")
+    os.environ["THESPIAN_BASE_IPADDR"] = advertise_ip
+    port = capabilities["Admin Port"]
+    if port_in_use("127.0.0.1", port) or port_in_use(advertise_ip, port):
+        raise UserError(f"port {port} is already in use; pick another with --port "
+                        f"(or `actorjet stop --port {port}` if it is a stale ActorJet system)")
+    return ActorSystem(BASE, capabilities, logDefs=log_defs(log_dir))
+
+
+def attach(port: int) -> ActorSystem:
+    """A client handle on the local system at ``port`` (never starts a new one)."""
+    if not port_in_use("127.0.0.1", port):
+        raise UserError(f"no ActorJet system is listening on port {port}")
+    return ActorSystem(BASE, {"Admin Port": port}, transientUnique=True)
+
+
+def admin_pid(port: int) -> int | None:
+    """The pid of the process listening on ``port`` (the thespian admin), if any."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+            return conn.pid
+    return None
+
+
+def system_processes(port: int) -> list[psutil.Process]:
+    """The admin on ``port`` and every actor process of its system (same session id)."""
+    pid = admin_pid(port)
+    if pid is None:
+        return []
+    sid = os.getsid(pid)
+    procs = []
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getsid(p.pid) == sid:
+                procs.append(p)
+    return procs
+
+
+def shutdown_system(port: int, timeout_s: float = 10.0) -> bool:
+    """Stop the system on ``port`` politely, then by signal if it does not go away."""
+    procs = system_processes(port)
+    if not procs:
+        return False
+    with contextlib.suppress(Exception):
+        ActorSystem(BASE, {"Admin Port": port}, transientUnique=True).shutdown()
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return True
