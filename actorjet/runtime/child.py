@@ -7,15 +7,15 @@ it from its spec's state.
 """
 from __future__ import annotations
 
-import logging
 import os
 import traceback
 
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
+from actorjet.runtime import logs
 from actorjet.runtime import messages as m
 
-log = logging.getLogger("actorjet")
+log = logs.log
 
 
 class ManagedActor(ActorTypeDispatcher):
@@ -26,6 +26,7 @@ class ManagedActor(ActorTypeDispatcher):
     supervisor = None
 
     def receiveMessage(self, msg, sender):
+        logs.ensure()
         try:
             super().receiveMessage(msg, sender)
         except Exception as e:  # noqa: BLE001 - any failure means: restart me cleanly

@@ -10,13 +10,13 @@ NodeLink    is created *by the registry* on the member (placement by node_id).  
 """
 from __future__ import annotations
 
-import logging
 
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
+from actorjet.runtime import logs
 from actorjet.runtime import messages as m
 
-log = logging.getLogger("actorjet")
+log = logs.log
 NODE_AGENT_NAME = "actorjet-node"
 
 
@@ -28,6 +28,10 @@ def on_node(capabilities: dict, requirements: dict | None) -> bool:
 
 
 class NodeAgent(ActorTypeDispatcher):
+    def receiveMessage(self, msg, sender):
+        logs.ensure()
+        super().receiveMessage(msg, sender)
+
     def __init__(self):
         super().__init__()
         self.waiter = None
@@ -36,6 +40,7 @@ class NodeAgent(ActorTypeDispatcher):
         self.registry = None
         self.node_id = ""
         self.runners: dict[str, tuple[str, object]] = {}   # runner id → (admission, address)
+        self.link = None
 
     def receiveMsg_WaitAdmission(self, msg: m.WaitAdmission, sender):
         self.waiter = sender
@@ -46,11 +51,16 @@ class NodeAgent(ActorTypeDispatcher):
         self.outcome = m.Admission(msg.admitted, msg.reason, msg.admission)
         if msg.admitted:
             self.admission, self.registry = msg.admission, msg.registry
+            if self.link is not None and self.link != sender:
+                self.send(self.link, ActorExitRequest())    # the link of a head that is gone
+            self.link = sender
             for runner_id, (admission, addr) in list(self.runners.items()):
                 if admission != self.admission:
                     log.info("stopping orphan runner %s of admission %s", runner_id, admission)
                     self.send(addr, ActorExitRequest())
                     del self.runners[runner_id]
+        else:
+            self.send(sender, ActorExitRequest())
         if self.waiter is not None:
             self.send(self.waiter, self.outcome)
 
@@ -72,15 +82,17 @@ class NodeAgent(ActorTypeDispatcher):
 
 
 class NodeLink(ActorTypeDispatcher):
+    def receiveMessage(self, msg, sender):
+        logs.ensure()
+        super().receiveMessage(msg, sender)
+
     @staticmethod
     def actorSystemCapabilityCheck(capabilities, requirements):
         return on_node(capabilities, requirements)
 
     def receiveMsg_Introduce(self, msg: m.Introduce, sender):
         agent = self.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
-        self.send(agent, msg)
-        if not msg.admitted:
-            self.send(self.myAddress, ActorExitRequest())
+        self.send(agent, msg)     # on refusal the agent sends us away once it has the verdict
 
     def receiveMsg_Ping(self, msg: m.Ping, sender):
         self.send(sender, m.Pong(msg.nonce, 0, {}))

@@ -17,6 +17,7 @@ import psutil
 from thespian.actors import ActorSystem
 
 from actorjet.errors import UserError
+from actorjet.runtime import logs
 
 BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
@@ -54,20 +55,17 @@ def address_towards(host: str, port: int) -> str:
         return s.getsockname()[0]
 
 
-def log_defs(log_dir: Path) -> dict:
-    return {
-        "version": 1,
-        "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"}},
-        "handlers": {"file": {"class": "logging.FileHandler", "formatter": "plain",
-                              "filename": str(log_dir / "actors.log"), "level": "INFO"}},
-        "loggers": {"actorjet": {"handlers": ["file"], "level": "INFO", "propagate": False}},
-        "root": {"handlers": ["file"], "level": "WARNING"},
-    }
+def thespian_log_defs(log_dir: Path) -> dict:
+    """Where thespian's logging process writes what reaches the root logger."""
+    return {"version": 1, "disable_existing_loggers": False,
+            "handlers": {"file": {"class": "logging.FileHandler", "level": "WARNING",
+                                  "filename": str(log_dir / "thespian-root.log")}},
+            "root": {"handlers": ["file"], "level": "WARNING"}}
 
 
 def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str) -> ActorSystem:
     """Start (not attach to) an actor system with these capabilities, logging under log_dir."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    logs.configure(log_dir)
     os.environ["THESPLOG_FILE"] = str(log_dir / "thespian.log")
     os.environ.setdefault("THESPLOG_THRESHOLD", "WARNING")
     os.environ["THESPIAN_BASE_IPADDR"] = advertise_ip
@@ -75,7 +73,7 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str) -> 
     if port_in_use("127.0.0.1", port) or port_in_use(advertise_ip, port):
         raise UserError(f"port {port} is already in use; pick another with --port "
                         f"(or `actorjet stop --port {port}` if it is a stale ActorJet system)")
-    return ActorSystem(BASE, capabilities, logDefs=log_defs(log_dir))
+    return ActorSystem(BASE, capabilities, logDefs=thespian_log_defs(log_dir), transientUnique=True)
 
 
 def attach(port: int) -> ActorSystem:

@@ -1,0 +1,140 @@
+"""Helpers for tests that run real heads and nodes as separate processes on 127.0.0.1.
+
+Every process a test starts is tracked here and killed at teardown, with the actor
+systems it left behind (found by their admin port), even when the test fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from actorjet.runtime import system
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A CLI process whose output is collected line by line in the background."""
+
+    def __init__(self, args: list[str], env: dict, prefix: list[str] | None = None):
+        self.args = args
+        self.popen = subprocess.Popen((prefix or []) + [sys.executable, "-m", "actorjet.cli.main"] + args,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=env, start_new_session=True, cwd=REPO)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.popen.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout_s: float = 60.0) -> re.Match:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            for line in list(self.lines):
+                match = re.search(pattern, line)
+                if match:
+                    return match
+            if self.popen.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"{pattern!r} not seen from {self.args}; output:\n{self.output}")
+
+    def wait_exit(self, timeout_s: float = 30.0) -> int:
+        code = self.popen.wait(timeout_s)
+        self._reader.join(5)
+        return code
+
+
+class Swarm:
+    """Starts heads and nodes; ``cleanup()`` kills every process and system they made."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+        self.ports: list[int] = []
+        self.env = dict(os.environ, ACTORJET_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
+
+    def head(self, run_dir: Path, tree: str, port: int | None = None, slots: int = 0,
+             node_timeout: float = 3.0, extra: list[str] | None = None) -> tuple[Proc, int, str]:
+        port = port or free_port()
+        self.ports.append(port)
+        proc = Proc(["start", "--tree", tree, "--port", str(port), "--run-dir", str(run_dir),
+                     "--slots", str(slots), "--node-timeout", str(node_timeout)] + (extra or []), self.env)
+        self.procs.append(proc)
+        token = proc.wait_for(r"--token (\S+)").group(1)
+        return proc, port, token
+
+    def join(self, port: int, token: str, name: str, slots: int = 1, head_host: str = "127.0.0.1",
+             node_port: int | None = None, prefix: list[str] | None = None, wait: bool = True) -> tuple[Proc, int]:
+        node_port = node_port or free_port()
+        self.ports.append(node_port)
+        proc = Proc(["join", f"{head_host}:{port}", "--token", token, "--name", name,
+                     "--slots", str(slots), "--port", str(node_port), "--timeout", "15"],
+                    self.env, prefix=prefix)
+        self.procs.append(proc)
+        if wait:
+            proc.wait_for(r"^joined ")
+        return proc, node_port
+
+    def kill_system(self, port: int, proc: Proc | None = None) -> list[int]:
+        """SIGKILL an actor system (admin + all its actors) and, optionally, its CLI process."""
+        pids = [p.pid for p in system.system_processes(port)]
+        if proc is not None:
+            pids.append(proc.popen.pid)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc is not None:
+            proc.popen.wait(10)
+        psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=5)
+        return pids
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGTERM)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(15)
+            if proc.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+        for port in self.ports:
+            for p in system.system_processes(port):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):
+    deadline = time.time() + timeout_s
+    last = None
+    while time.time() < deadline:
+        with contextlib.suppress(Exception):
+            last = predicate()
+            if last:
+                return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")

@@ -1,0 +1,124 @@
+"""Joining, node loss, re-placement and head restarts with real processes on 127.0.0.1."""
+import time
+
+import pytest
+
+from actorjet.runtime import messages as m
+from actorjet.runtime import system
+from actorjet.runtime.head import attach_root, lookup, status
+from swarm import wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def live_count(port):
+    return sum(1 for p in system.system_processes(port) if p.status() != "zombie")
+
+
+def client(port):
+    return attach_root(port)
+
+
+def placed(port, runner="runner-0"):
+    asys, root = client(port)
+    data = status(asys, root)
+    names = {n["node_id"]: n["name"] for n in data["nodes"]}
+    for r in data["runners"]:
+        if r["id"] == runner and r["node_id"]:
+            return names[r["node_id"]]
+    return None
+
+
+def test_node_loss_is_detected_and_its_runner_replaced(swarm, tmp_path, trees):
+    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"), node_timeout=3)
+    _, port_a = swarm.join(port, token, "alpha")
+    first = wait_until(lambda: placed(port), 15, what="runner placed")
+    _, port_b = swarm.join(port, token, "beta")
+    wait_until(lambda: len([n for n in status(*client(port))["nodes"] if not n["head"]]) == 2, 10, what="both nodes admitted")
+    victim_port = port_a if first == "alpha" else port_b
+    victim = next(p for p in swarm.procs if f"--port {victim_port}" in " ".join(p.args))
+    killed_at = time.time()
+    swarm.kill_system(victim_port, victim)
+    survivor = "beta" if first == "alpha" else "alpha"
+    wait_until(lambda: placed(port) == survivor, 12, what="runner re-placed on the survivor")
+    elapsed = time.time() - killed_at
+    assert elapsed <= 10, f"loss handled after {elapsed:.1f} s"
+    data = status(*client(port))
+    lost = [n for n in data["nodes"] if n["name"] == first]
+    assert lost and not lost[0]["alive"]
+
+
+def test_head_restart_readmits_members_and_leaves_no_orphans(swarm, tmp_path, trees):
+    run = tmp_path / "run"
+    head, port, token = swarm.head(run, str(trees / "nodes.toml"), node_timeout=3)
+    node, node_port = swarm.join(port, token, "alpha", slots=1)
+    wait_until(lambda: placed(port) == "alpha", 15, what="runner placed on alpha")
+    asys, root = client(port)
+    runner = lookup(asys, root, "runners/runner-0")
+    old_pid = asys.ask(runner, m.Ping(), 5).pid
+    count_before = live_count(node_port)
+    swarm.kill_system(port, head)           # the whole head: admin, actors, CLI
+    head2, port2, token2 = swarm.head(run, str(trees / "nodes.toml"), port=port, node_timeout=3)
+    assert token2 == token                  # same run dir → same cluster secret
+    wait_until(lambda: placed(port) == "alpha", 30, what="member re-admitted and runner placed")
+    node.wait_for("re-admitted", 10)
+    asys, root = client(port)
+    new_pid = wait_until(lambda: asys.ask(lookup(asys, root, "runners/runner-0"), m.Ping(), 5).pid, 10)
+    assert new_pid != old_pid
+    # the orphan of the first head is gone, and the node has as many processes as before
+    wait_until(lambda: old_pid not in [p.pid for p in system.system_processes(node_port)], 10,
+               what="orphaned runner stopped")
+    wait_until(lambda: live_count(node_port) <= count_before, 10, what="no extra processes on the node")
+
+
+def test_wrong_token_is_refused_and_nothing_placed(swarm, tmp_path, trees):
+    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"))
+    proc, _ = swarm.join(port, "not-the-token", "mallory", wait=False)
+    assert proc.wait_exit(30) == 2
+    assert "refused this node: wrong join token" in proc.output
+    data = status(*client(port))
+    assert not any(n["name"] == "mallory" for n in data["nodes"])
+    assert all(r["node_id"] is None for r in data["runners"])
+
+
+def test_second_node_with_the_same_name_is_refused(swarm, tmp_path, trees):
+    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"))
+    swarm.join(port, token, "twin")
+    proc, _ = swarm.join(port, token, "twin", wait=False)
+    assert proc.wait_exit(30) == 2
+    assert "already joined under the name 'twin'" in proc.output
+
+
+def test_unreachable_head_fails_fast(swarm):
+    from swarm import free_port
+    t0 = time.time()
+    proc, _ = swarm.join(free_port(), "x", "lonely", wait=False)
+    assert proc.wait_exit(30) == 2
+    assert time.time() - t0 < 15
+    assert "cannot reach the head" in proc.output
+
+
+def test_port_in_use_is_a_clear_error(swarm, tmp_path, trees):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        from swarm import Proc
+        proc = Proc(["start", "--tree", str(trees / "nodes.toml"), "--port", str(busy),
+                     "--run-dir", str(tmp_path / "run")], swarm.env)
+        swarm.procs.append(proc)
+        assert proc.wait_exit(60) == 2
+    assert f"port {busy} is already in use" in proc.output
+    assert "Traceback" not in proc.output
+
+
+def test_leave_replaces_runners_at_once(swarm, tmp_path, trees):
+    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"), node_timeout=30)
+    node_a, _ = swarm.join(port, token, "alpha")
+    wait_until(lambda: placed(port) == "alpha", 15, what="runner on alpha")
+    swarm.join(port, token, "beta")
+    from swarm import Proc
+    leave = Proc(["leave", "--name", "alpha"], swarm.env)
+    assert leave.wait_exit(30) == 0, leave.output
+    wait_until(lambda: placed(port) == "beta", 8, what="runner moved to beta well before the 30 s timeout")

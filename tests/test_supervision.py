@@ -1,0 +1,116 @@
+"""Supervisor strategies, restart intensity and escalation, on a real thespian system."""
+import os
+import signal
+import time
+
+import pytest
+
+from actorjet.runtime import messages as m
+from actorjet.runtime.head import Head
+from actorjet.runtime.spec import parse_tree
+from swarm import free_port, wait_until
+
+TREE = """
+id = "root"
+max_restarts = 50
+[[children]]
+id = "registry"
+kind = "registry"
+[[children]]
+id = "work"
+kind = "supervisor"
+strategy = "{strategy}"
+max_restarts = {max_restarts}
+period_s = 30
+  [[children.children]]
+  id = "a"
+  kind = "probe"
+  args = {{ value = 1 }}
+  [[children.children]]
+  id = "b"
+  kind = "probe"
+  args = {{ value = 2 }}
+  [[children.children]]
+  id = "c"
+  kind = "probe"
+  args = {{ value = 3 }}
+"""
+
+
+@pytest.fixture
+def make_head(tmp_path):
+    heads = []
+
+    def make(strategy="one_for_one", max_restarts=10):
+        head = Head(tmp_path / f"run{len(heads)}", parse_tree(TREE.format(strategy=strategy, max_restarts=max_restarts)),
+                    port=free_port())
+        heads.append(head)
+        head.start()
+        return head
+
+    yield make
+    for head in heads:
+        head.stop()
+
+
+def pong(head, path):
+    def ask():
+        addr = head.lookup(path)
+        reply = head.asys.ask(addr, m.Ping(), 2) if addr else None
+        return reply if isinstance(reply, m.Pong) and reply.info.get("path", "?") != "?" else None
+    return wait_until(ask, 10, what=f"{path} to answer")
+
+
+def pids(head):
+    return {c: pong(head, f"work/{c}").pid for c in "abc"}
+
+
+@pytest.mark.parametrize("strategy,how,expect_restarted", [
+    ("one_for_one", "kill", {"b"}),
+    ("one_for_one", "raise", {"b"}),
+    ("rest_for_one", "kill", {"b", "c"}),
+    ("one_for_all", "raise", {"a", "b", "c"}),
+])
+def test_strategy_restarts_the_right_children_with_their_state(make_head, strategy, how, expect_restarted):
+    head = make_head(strategy)
+    before = pids(head)
+    if how == "kill":
+        os.kill(before["b"], signal.SIGKILL)
+    else:
+        head.asys.tell(head.lookup("work/b"), m.Crash())
+    wait_until(lambda: pong(head, "work/b").pid != before["b"], 10, what="b restarted")
+    time.sleep(0.3)
+    after = pids(head)
+    restarted = {c for c in "abc" if after[c] != before[c]}
+    assert restarted == expect_restarted
+    for value, child in enumerate("abc", start=1):
+        assert pong(head, f"work/{child}").info["args"]["value"] == value   # spec state is back
+    assert head.status()["restarts"].get("root/work/b") == 1
+
+
+def test_restart_intensity_escalates_to_the_parent(make_head):
+    head = make_head("one_for_one", max_restarts=1)
+    first = pids(head)
+    for _ in range(2):
+        old = pong(head, "work/a").pid
+        head.asys.tell(head.lookup("work/a"), m.Crash())
+        wait_until(lambda: pong(head, "work/a").pid != old, 10, what="a restarted")
+    # The second crash exceeds 1 restart in 30 s: "work" gave up and root restarted it.
+    counts = wait_until(lambda: head.status()["restarts"].get("root/work") and head.status()["restarts"],
+                        10, what="root to restart the escalated subtree")
+    assert counts["root/work"] == 1
+    after = pids(head)
+    assert all(after[c] != first[c] for c in "abc")   # a fresh subtree
+
+
+def test_root_escalation_stops_the_head_with_a_clear_message(swarm, tmp_path, trees):
+    tree = tmp_path / "fragile.toml"
+    tree.write_text('id = "root"\nmax_restarts = 0\n[[children]]\nid = "registry"\nkind = "registry"\n'
+                    '[[children]]\nid = "p"\nkind = "probe"\n')
+    head, port, _ = swarm.head(tmp_path / "run", str(tree))
+    from actorjet.runtime.head import attach_root, lookup
+    asys, root = attach_root(port)
+    asys.tell(lookup(asys, root, "p"), m.Crash())
+    assert head.wait_exit(30) == 3
+    assert "root supervisor gave up" in head.output
+    wait_until(lambda: not swarm.kill_system(port), 10, what="head system gone")
