@@ -126,6 +126,18 @@ class Swarm:
             for p in system.system_processes(port):
                 with contextlib.suppress(psutil.Error):
                     p.kill()
+        for p in self.leftovers():      # e.g. systems inside a network namespace
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes still carrying this swarm's ACTORJET_HOME: only ones this test started."""
+        mine = []
+        for p in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if p.pid != os.getpid() and p.environ().get("ACTORJET_HOME") == self.env["ACTORJET_HOME"]:
+                    mine.append(p)
+        return mine
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):
