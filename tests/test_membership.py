@@ -122,3 +122,20 @@ def test_leave_replaces_runners_at_once(swarm, tmp_path, trees):
     leave = Proc(["leave", "--name", "alpha"], swarm.env)
     assert leave.wait_exit(30) == 0, leave.output
     wait_until(lambda: placed(port) == "beta", 8, what="runner moved to beta well before the 30 s timeout")
+
+
+def test_stale_system_of_a_crashed_head_is_cleaned_up_then_stop_works(swarm, tmp_path, trees):
+    import os
+    import signal
+    run = tmp_path / "run"
+    head, port, _ = swarm.head(run, str(trees / "nodes.toml"))
+    os.kill(head.popen.pid, signal.SIGKILL)          # the CLI dies, its daemonized admin stays
+    head.popen.wait(10)
+    assert system.system_processes(port), "thespian's admin should have outlived the CLI"
+    head2, _, _ = swarm.head(run, str(trees / "nodes.toml"), port=port)
+    head2.wait_for("stopped a stale actor system left on port", 5)
+    from swarm import Proc
+    stop = Proc(["stop", "--run-dir", str(run)], swarm.env)
+    assert stop.wait_exit(60) == 0, stop.output
+    assert head2.wait_exit(30) == 0
+    wait_until(lambda: not system.system_processes(port), 15, what="head system gone after stop")

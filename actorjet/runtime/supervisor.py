@@ -8,8 +8,10 @@ Intensity:      more than ``max_restarts`` restarts within ``period_s`` → the 
                 stops its children, tells its parent (``Escalated``) and exits; its parent
                 then treats that as a failure of its own child.  At the root, the head
                 process is told and exits with a clear message.
-Backoff:        the first restart in a period is immediate (fast recovery matters most);
-                the n-th waits ``backoff_initial_s * 2**(n-2)``, capped at ``backoff_max_s``.
+Backoff:        a child that ran for at least a second is restarted at once (fast recovery
+                matters most); one that keeps dying within a second of its start is in a
+                crash loop, and its k-th quick death waits ``backoff_initial_s * 2**(k-1)``
+                (0.05 s if unset), capped at ``backoff_max_s``.
 
 Children that live on *other nodes* are not reported dead by thespian when their node
 dies; that case is handled by the registry's heartbeats (see actorjet/registry/actor.py).
@@ -39,6 +41,8 @@ class Supervisor(ManagedActor):
         self.gone: set[str] = set()                # temporary children that ended
         self.normal_exit: set[str] = set()
         self.recent: deque[float] = deque()        # restart times inside the period
+        self.started_at: dict[str, float] = {}
+        self.quick_deaths: dict[str, int] = {}     # consecutive deaths within 1 s of start
         self.counts: dict[str, int] = {}           # root only: restarts per path
         self.owner = None
         self.escalated = False
@@ -56,6 +60,7 @@ class Supervisor(ManagedActor):
         cls = kinds.resolve(child.kind)
         addr = self.createActor(cls, targetActorRequirements=child.placement or None)
         self.addresses[child.id] = addr
+        self.started_at[child.id] = time.monotonic()
         self.normal_exit.discard(child.id)
         args = {**self.inherited, **child.args}
         if child.kind == "supervisor":
@@ -109,18 +114,19 @@ class Supervisor(ManagedActor):
             if other != child_id:
                 self._stop(other)
         self._report_restart(f"{self.path}/{child_id}")
-        delay = self._backoff()
+        delay = self._backoff(child_id, now)
         if delay <= 0:
             self._restart(to_restart)
         else:
             self.wakeupAfter(timedelta(seconds=delay), payload=("restart", to_restart))
 
-    def _backoff(self) -> float:
-        n = len(self.recent)
-        if n <= 1:
+    def _backoff(self, child_id: str, now: float) -> float:
+        if now - self.started_at.get(child_id, 0.0) >= 1.0:
+            self.quick_deaths[child_id] = 0
             return 0.0
+        k = self.quick_deaths[child_id] = self.quick_deaths.get(child_id, 0) + 1
         base = self.spec.backoff_initial_s or 0.05
-        return min(self.spec.backoff_max_s, base * 2 ** (n - 2))
+        return min(self.spec.backoff_max_s, base * 2 ** (k - 1))
 
     def _restart(self, ids: list[str]) -> None:
         for child in self.spec.children:

@@ -1,0 +1,140 @@
+"""Runtime benchmark: restart latency, node-loss detection, registry round trip, orphans.
+
+    python bench/runtime.py [--restarts 30] [--losses 3]
+
+Prints a table and writes bench/results/runtime.json.  Everything runs on 127.0.0.1 and
+every process it starts is killed at the end (it counts what is left: must be 0).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import actorjet  # noqa: E402,F401
+from actorjet.runtime import messages as m  # noqa: E402
+from actorjet.runtime.head import Head, attach_root, status  # noqa: E402
+from actorjet.runtime.spec import load_tree  # noqa: E402
+from swarm import Swarm, free_port, wait_until  # noqa: E402
+
+TREES = HERE.parent / "tests" / "trees"
+
+
+def restart_latency(tmp: Path, n: int) -> tuple[list[float], list[float]]:
+    """SIGKILL a probe child n times; time until its replacement answers a ping."""
+    head = Head(tmp / "restart", load_tree(TREES / "runtime.toml"), port=free_port())
+    head.start()
+    latencies, round_trips = [], []
+    try:
+        def answer(old_addr=None):
+            addr = head.lookup("work/b", 1)
+            if addr is None or addr == old_addr:
+                return None
+            reply = head.asys.ask(addr, m.Ping(), 0.5)
+            return reply.pid if isinstance(reply, m.Pong) else None
+        pid = wait_until(answer, 10)
+        for _ in range(n):
+            old_addr = head.lookup("work/b", 1)
+            os.kill(pid, signal.SIGKILL)
+            t0 = time.perf_counter()
+            while True:
+                new = answer(old_addr)
+                if new and new != pid:
+                    break
+                time.sleep(0.001)
+            latencies.append((time.perf_counter() - t0) * 1000)
+            pid = new
+            time.sleep(1.1)     # stay inside the tree's restart intensity
+        registry = head.lookup("registry")
+        for _ in range(200):
+            t0 = time.perf_counter()
+            head.asys.ask(registry, m.GetStatus(), 5)
+            round_trips.append((time.perf_counter() - t0) * 1000)
+    finally:
+        head.stop()
+    return latencies, round_trips
+
+
+def node_loss(tmp: Path, trials: int, node_timeout: float) -> tuple[list[float], int]:
+    """SIGKILL a joined node; time until the registry reports it lost and the runner moved."""
+    swarm = Swarm(tmp)
+    detections, orphans = [], 0
+    try:
+        for trial in range(trials):
+            _, port, token = swarm.head(tmp / f"loss{trial}", str(TREES / "nodes.toml"),
+                                        node_timeout=node_timeout)
+            victim, vport = swarm.join(port, token, f"a{trial}")
+            wait_until(lambda: any(r["node_id"] for r in status(*attach_root(port))["runners"]), 20)
+            swarm.join(port, token, f"b{trial}")
+            wait_until(lambda: sum(1 for n in status(*attach_root(port))["nodes"] if not n["head"]) == 2, 10)
+            t0 = time.perf_counter()
+            swarm.kill_system(vport, victim)
+
+            def lost():
+                data = status(*attach_root(port))
+                return any(n["name"] == f"a{trial}" and not n["alive"] for n in data["nodes"])
+            wait_until(lost, 30, interval_s=0.05)
+            detections.append(time.perf_counter() - t0)
+        # head restart: the member's orphaned runner must be stopped
+        run = tmp / "restart-head"
+        head, port, token = swarm.head(run, str(TREES / "nodes.toml"), node_timeout=node_timeout)
+        node, nport = swarm.join(port, token, "member")
+        wait_until(lambda: any(r["node_id"] for r in status(*attach_root(port))["runners"]), 20)
+        from actorjet.runtime import system
+        before = {p.pid for p in system.system_processes(nport)}
+        swarm.kill_system(port, head)
+        swarm.head(run, str(TREES / "nodes.toml"), port=port, node_timeout=node_timeout)
+        wait_until(lambda: any(r["node_id"] for r in status(*attach_root(port))["runners"]), 30)
+        time.sleep(2)
+        after = [p for p in system.system_processes(nport) if p.status() != "zombie"]
+        orphans = max(0, len(after) - len(before))
+    finally:
+        swarm.cleanup()
+        left = len(swarm.leftovers())
+    return detections, orphans + left
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--restarts", type=int, default=30)
+    ap.add_argument("--losses", type=int, default=3)
+    ap.add_argument("--node-timeout", type=float, default=6.0, help="the default of `actorjet start`")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        lat, rtt = restart_latency(Path(tmp), args.restarts)
+        det, orphans = node_loss(Path(tmp), args.losses, args.node_timeout)
+    result = {
+        "restart_latency_ms": {"median": statistics.median(lat), "p90": sorted(lat)[int(0.9 * len(lat)) - 1],
+                               "max": max(lat), "n": len(lat)},
+        "node_loss_detection_s": {"median": statistics.median(det), "max": max(det), "n": len(det),
+                                  "node_timeout_s": args.node_timeout},
+        "registry_round_trip_ms": {"mean": statistics.mean(rtt), "p99": sorted(rtt)[int(0.99 * len(rtt)) - 1]},
+        "orphans_after_head_restart_and_cleanup": orphans,
+        "targets": {"restart_latency_median_ms": "< 100", "node_loss_s": "<= 10", "orphans": 0},
+    }
+    rows = [("restart latency (kill → answering)", f"median {result['restart_latency_ms']['median']:.1f} ms, "
+             f"max {result['restart_latency_ms']['max']:.1f} ms", "< 100 ms median"),
+            ("node loss detected", f"median {statistics.median(det):.2f} s, max {max(det):.2f} s", "<= 10 s"),
+            ("registry round trip", f"mean {result['registry_round_trip_ms']['mean']:.2f} ms", "-"),
+            ("orphan processes", str(orphans), "0")]
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'result':<40}  target")
+    for name, value, target in rows:
+        print(f"{name:<{width}}  {value:<40}  {target}")
+    out = HERE / "results" / "runtime.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

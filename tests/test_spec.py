@@ -1,0 +1,79 @@
+"""Tree files: valid ones load as data, every mistake names file, line and field."""
+import subprocess
+import sys
+
+import pytest
+
+from actorjet.errors import UserError
+from actorjet.runtime.spec import ChildSpec, find, load_tree, parse_tree
+
+GOOD = """
+id = "root"
+strategy = "one_for_one"
+max_restarts = 3
+period_s = 5
+
+[[children]]
+id = "registry"
+kind = "registry"
+
+[[children]]
+id = "model.policy"
+kind = "supervisor"
+strategy = "rest_for_one"
+args = { model = "policy" }
+  [[children.children]]
+  id = "p1"
+  kind = "probe"
+  restart = "transient"
+"""
+
+
+def test_a_good_tree_loads_and_round_trips():
+    spec = parse_tree(GOOD, "good.toml")
+    assert [c.id for c in spec.children] == ["registry", "model.policy"]
+    sub = find(spec, "model.policy")
+    assert sub.strategy == "rest_for_one" and sub.args == {"model": "policy"}
+    assert find(spec, "model.policy/p1").restart == "transient"
+    assert ChildSpec.from_dict(spec.to_dict()) == spec
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('id = "root"\n[[children]]\nid = "x"\nkind = "nope"\n', "t.toml:4: field 'kind': unknown actor kind 'nope'"),
+    ('id = "root"\n[[children]]\nid = "x"\nkind = "probe"\nrestart = "sometimes"\n',
+     "t.toml:5: field 'restart': must be one of permanent"),
+    ('id = "root"\nstrategy = "all_for_one"\n', "t.toml:2: field 'strategy'"),
+    ('id = "root"\nmax_restarts = -1\n', "t.toml:2: field 'max_restarts': must be a number >= 0"),
+    ('id = "root"\n[[children]]\nid = "x"\nkind = "probe"\nrestrat = "permanent"\n',
+     "t.toml:5: field 'restrat': unknown field"),
+    ('id = "root"\n[[children]]\nid = "x"\nkind = "probe"\n[[children]]\nid = "x"\nkind = "probe"\n',
+     "field 'id': duplicate child id 'x'"),
+    ('id = "root"\n[[children]\nid = "x"\n', "t.toml: malformed TOML"),
+    ('id = "root"\n[[children]]\nkind = "probe"\n', "field 'id': every child needs a string id"),
+])
+def test_mistakes_name_file_line_and_field(text, expected):
+    with pytest.raises(UserError) as err:
+        parse_tree(text, "t.toml")
+    assert expected in str(err.value)
+
+
+def test_missing_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="cannot read supervisor tree"):
+        load_tree(tmp_path / "absent.toml")
+
+
+def test_cli_reports_a_bad_tree_in_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('id = "root"\n[[children]]\nid = "x"\nkind = "warp_drive"\n')
+    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "start", "--tree", str(bad),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "bad.toml:4: field 'kind': unknown actor kind 'warp_drive'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_cli_help_lists_every_verb():
+    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    for verb in ("quickstart", "start", "join", "leave", "stop", "status"):
+        assert verb in out.stdout
