@@ -1,0 +1,217 @@
+"""The transformers inference engine: batched sampling that returns token ids and logprobs.
+
+Why a hand-written sampling loop instead of ``model.generate``: every request in a batch
+may have its own temperature, top_p, length, stop strings and seed, and training needs
+the exact log-probability of every sampled token.  The loop is short: left-pad the
+prompts, run the prompt once, then one token per step with the KV cache.
+
+Requests that arrive within ``window_s`` of each other are generated together (up to
+``max_batch`` sequences).  New weights are applied between batches, never inside one,
+and every result says which weight version produced it.
+
+Logprobs are taken under softmax(logits / temperature) — the distribution that was
+sampled, before top_p truncation — so the learner can recompute them exactly; greedy
+requests (temperature 0) record logprobs at temperature 1.
+"""
+from __future__ import annotations
+
+import inspect
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    n: int = 1
+
+
+@dataclass
+class GenResult:
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str          # "stop" (eos or stop string) | "length"
+    weight_version: int
+
+
+class TransformersEngine:
+    def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
+                 max_batch: int = 64, window_s: float = 0.004, seed: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.model.to(self.device).eval()
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.max_batch, self.window_s = max_batch, window_s
+        # transformers renamed `past_key_values` to `cache` in 5.x; support both.
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.weight_version = 0
+        self._pending_weights: tuple[int, str] | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.batches = 0
+        self._thread = threading.Thread(target=self._loop, name="engine-batcher", daemon=True)
+        self._thread.start()
+
+    def _eos_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    # -- public -------------------------------------------------------------------------
+    def submit(self, req: GenRequest) -> Future:
+        """Queue a request; the future resolves to ``n`` GenResults."""
+        fut: Future = Future()
+        if self._closed:
+            fut.set_exception(RuntimeError("engine is closed"))
+        else:
+            self._queue.put((req, fut))
+        return fut
+
+    def generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        """Synchronous, in the caller's thread (used by evaluation and benchmarks)."""
+        with self._lock:
+            return self._generate(reqs)
+
+    def load_weights(self, version: int, path: str) -> None:
+        """Use the weights in ``path`` (safetensors) from the next batch on."""
+        self._pending_weights = (version, path)
+        self._queue.put(None)      # wake the batcher even when idle
+
+    def close(self) -> None:
+        self._closed = True
+        self._queue.put(None)
+
+    # -- batching thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._closed:
+            item = self._queue.get()
+            batch = [item] if item is not None else []
+            deadline = time.monotonic() + self.window_s
+            size = sum(r.n for r, _ in batch)
+            while size < self.max_batch:
+                try:
+                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is not None:
+                    batch.append(item)
+                    size += item[0].n
+            with self._lock:
+                self._apply_weights()
+                if not batch:
+                    continue
+                try:
+                    results = self._generate([r for r, _ in batch])
+                except Exception as e:  # noqa: BLE001 - a bad batch fails its requests, not the engine
+                    for _, fut in batch:
+                        fut.set_exception(e)
+                    continue
+            for (_, fut), res in zip(batch, results):
+                fut.set_result(res)
+
+    def _apply_weights(self) -> None:
+        if self._pending_weights is None:
+            return
+        from safetensors.torch import load_file
+
+        version, path = self._pending_weights
+        self._pending_weights = None
+        state = load_file(path, device=str(self.device))
+        self.model.load_state_dict(state, strict=False)
+        self.weight_version = version
+
+    # -- the sampling loop --------------------------------------------------------------
+    @torch.no_grad()
+    def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        self.batches += 1
+        rows = [(i, k) for i, r in enumerate(reqs) for k in range(r.n)]
+        prompts = [reqs[i].prompt_ids for i, _ in rows]
+        width = max(len(p) for p in prompts)
+        B = len(rows)
+        input_ids = torch.full((B, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, width), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            input_ids[b, width - len(p):] = torch.tensor(p)
+            mask[b, width - len(p):] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        temps = torch.tensor([reqs[i].temperature for i, _ in rows], device=self.device)
+        top_ps = [reqs[i].top_p for i, _ in rows]
+        limits = [min(reqs[i].max_tokens, self.max_len - len(p)) for (i, _), p in zip(rows, prompts)]
+        gens = [torch.Generator().manual_seed(reqs[i].seed + k) if reqs[i].seed is not None else None
+                for i, k in rows]
+        out_ids: list[list[int]] = [[] for _ in rows]
+        out_lp: list[list[float]] = [[] for _ in rows]
+        finish: list[str | None] = [None] * B
+        eos = set(self.eos_ids)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1, :].float()
+        next_pos = positions[:, -1:] + 1
+        for _ in range(max(limits)):
+            greedy = temps <= 0
+            scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
+            logp = torch.log_softmax(scaled, dim=-1)
+            tokens = self._sample(logp, greedy, top_ps, gens)
+            chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
+            tok_list = tokens.tolist()
+            for b in range(B):
+                if finish[b] is not None:
+                    continue
+                out_ids[b].append(tok_list[b])
+                out_lp[b].append(chosen[b])
+                if tok_list[b] in eos or self._hit_stop(reqs[rows[b][0]].stop, out_ids[b]):
+                    finish[b] = "stop"
+                elif len(out_ids[b]) >= limits[b]:
+                    finish[b] = "length"
+            if all(f is not None for f in finish):
+                break
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
+                             use_cache=True, **{self._cache_kw: past})
+            past, logits = out.past_key_values, out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+        results: list[list[GenResult]] = [[] for _ in reqs]
+        for b, (i, _) in enumerate(rows):
+            results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", self.weight_version))
+        return results
+
+    def _sample(self, logp: torch.Tensor, greedy: torch.Tensor, top_ps: list[float],
+                gens: list) -> torch.Tensor:
+        tokens = logp.argmax(-1)
+        probs = logp.exp()
+        for b in range(logp.shape[0]):
+            if greedy[b]:
+                continue
+            p = probs[b]
+            if top_ps[b] < 1.0:
+                sorted_p, order = p.sort(descending=True)
+                keep = sorted_p.cumsum(0) - sorted_p < top_ps[b]
+                p = torch.zeros_like(p).scatter(0, order[keep], sorted_p[keep])
+            tokens[b] = torch.multinomial(p, 1, generator=gens[b] or self.generator)[0]
+        return tokens
+
+    def _hit_stop(self, stop: list[str], ids: list[int]) -> bool:
+        if not stop:
+            return False
+        tail = self.tokenizer.decode(ids[-16:], skip_special_tokens=True)
+        return any(s in tail for s in stop)

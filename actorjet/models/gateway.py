@@ -1,0 +1,282 @@
+"""The OpenAI-compatible gateway of one model (aiohttp).
+
+It turns chat messages into token ids with the model's chat template, asks the engine
+for completions, records every call (ids, logprobs, version, role) under the episode
+its API key belongs to, and answers in OpenAI's format — streaming included, as a replay
+of the recorded answer, so the tokens a client sees are exactly the ones trained on.
+
+Endpoints:  POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /healthz;
+client mode POST /v1/actorjet/episodes[/{id}/end|/abort]; POST /internal/collect.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from actorjet.models import keys
+from actorjet.models import openai_api as api
+from actorjet.models.engine import GenRequest, GenResult
+from actorjet.models.openai_api import ApiError
+from actorjet.models.records import CallRecord, CallStore
+
+Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
+
+
+class EngineUnavailable(Exception):
+    """The engine cannot answer right now (restarting): clients get a retryable 503."""
+
+
+class Gateway:
+    def __init__(self, model: str, tokenizer, backend: Backend, secret: str, max_len: int,
+                 store: CallStore | None = None, default_max_tokens: int = 256,
+                 outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None):
+        self.model, self.tokenizer, self.backend = model, tokenizer, backend
+        self.secret, self.max_len = secret, max_len
+        self.store = store or CallStore()
+        self.default_max_tokens = default_max_tokens
+        self.outbox = outbox or (lambda event: None)       # client-mode episode events
+        self.directory = directory or (lambda: {})          # model name → gateway base URL
+        self.weight_version = 0
+        self.requests = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._errors])
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/healthz", self.health)
+        app.router.add_post("/v1/actorjet/episodes", self.open_episode)
+        app.router.add_post("/v1/actorjet/episodes/{episode}/{verb}", self.end_episode)
+        app.router.add_post("/internal/collect", self.collect)
+        return app
+
+    @web.middleware
+    async def _errors(self, request, handler):
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return web.json_response(e.body(), status=e.status)
+        except EngineUnavailable as e:
+            err = ApiError(503, f"the engine is not available right now ({e}); retry shortly",
+                           kind="server_error", code="engine_unavailable")
+            return web.json_response(err.body(), status=503, headers={"Retry-After": "1"})
+        except web.HTTPException as e:
+            if e.status >= 400:
+                err = ApiError(e.status, e.reason or "request failed", code=str(e.status))
+                return web.json_response(err.body(), status=e.status)
+            raise
+
+    # -- helpers ------------------------------------------------------------------------
+    def _episode(self, request) -> str:
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        if not key:
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <episode key>'",
+                           code="invalid_api_key", kind="authentication_error")
+        episode_id = keys.verify(self.secret, key)
+        if episode_id is None:
+            raise ApiError(401, "invalid API key (not an ActorJet episode key)", code="invalid_api_key",
+                           kind="authentication_error")
+        if self.store.is_closed(episode_id):
+            raise ApiError(409, f"episode {episode_id} is closed; open a new episode",
+                           code="episode_closed")
+        return episode_id
+
+    def _cluster(self, request) -> None:
+        auth = request.headers.get("Authorization", "")
+        if auth != f"Bearer {self.secret}":
+            raise ApiError(403, "this endpoint needs the cluster token", kind="permission_error")
+
+    async def _json(self, request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    def _check_model(self, body: dict) -> None:
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(400, "'model' is required", "model")
+        if name != self.model:
+            raise ApiError(404, f"the model {name!r} does not exist here; this gateway serves "
+                           f"{self.model!r}", "model", code="model_not_found")
+
+    def _budget(self, prompt_ids: list[int], s: api.Sampling) -> int:
+        room = self.max_len - len(prompt_ids)
+        if room <= 0:
+            raise ApiError(400, f"the prompt is {len(prompt_ids)} tokens; this model's context is "
+                           f"{self.max_len} tokens. Shorten the messages.", "messages",
+                           code="context_length_exceeded")
+        if s.max_tokens is not None and s.max_tokens > room:
+            raise ApiError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({s.max_tokens}) exceeds "
+                           f"the context of {self.max_len} tokens", "max_tokens",
+                           code="context_length_exceeded")
+        return s.max_tokens or min(self.default_max_tokens, room)
+
+    async def _generate(self, prompt_ids: list[int], s: api.Sampling, max_tokens: int) -> list[GenResult]:
+        self.requests += 1
+        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n)
+        results = await self.backend(req)
+        if results:
+            self.weight_version = max(r.weight_version for r in results)
+        return results
+
+    def _text(self, result: GenResult, stop: list[str]) -> str:
+        text = self.tokenizer.decode(result.completion_ids, skip_special_tokens=True)
+        cut = min((text.find(x) for x in stop if x in text), default=-1)
+        return text[:cut] if cut >= 0 else text
+
+    def _record(self, episode_id, role, prompt_ids, results, s, messages, tools) -> None:
+        base = self.store.next_index(episode_id)
+        params = {"temperature": s.temperature, "top_p": s.top_p, "n": s.n, "stop": s.stop, "seed": s.seed}
+        self.store.add([CallRecord(episode_id, self.model, role, base, k, list(prompt_ids),
+                                   r.completion_ids, r.logprobs, r.weight_version, s.temperature,
+                                   messages, tools, params, r.finish_reason)
+                        for k, r in enumerate(results)])
+
+    # -- OpenAI endpoints ----------------------------------------------------------------
+    async def chat(self, request):
+        episode_id = self._episode(request)
+        body = await self._json(request)
+        self._check_model(body)
+        messages, tools = api.parse_messages(body), api.parse_tools(body)
+        s = api.parse_sampling(body)
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                      tokenize=False)
+        except Exception as e:  # noqa: BLE001 - a template rejects what the model cannot take
+            raise ApiError(400, f"the chat template rejected these messages: {e}", "messages") from None
+        prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        max_tokens = self._budget(prompt_ids, s)
+        results = await self._generate(prompt_ids, s, max_tokens)
+        role = request.headers.get("X-ActorJet-Role", "default")
+        self._record(episode_id, role, prompt_ids, results, s, messages, tools)
+        choices = []
+        for k, r in enumerate(results):
+            content, calls = self._text(r, s.stop), []
+            if tools:
+                content, calls = api.split_tool_calls(content)
+            message = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": k, "message": message, "finish_reason": "tool_calls" if calls else r.finish_reason,
+                      "logprobs": self._logprobs(r) if s.logprobs else None}
+            choices.append(choice)
+        n_out = sum(len(r.completion_ids) for r in results)
+        if s.stream:
+            return await self._stream(request, choices, results, len(prompt_ids), n_out, s)
+        return web.json_response(api.chat_response(self.model, choices, len(prompt_ids), n_out))
+
+    def _logprobs(self, r: GenResult) -> dict:
+        return {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                            for t, lp in zip(r.completion_ids, r.logprobs)]}
+
+    async def _stream(self, request, choices, results, n_prompt, n_out, s):
+        """Replay the recorded answer as server-sent events, one token per chunk."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        cid = api.completion_id()
+
+        async def send(obj):
+            await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+
+        for choice, r in zip(choices, results):
+            k, msg = choice["index"], choice["message"]
+            await send(api.chunk(cid, self.model, k, {"role": "assistant", "content": ""}))
+            text, sent = msg["content"] or "", 0
+            for i in range(1, len(r.completion_ids) + 1):
+                upto = self.tokenizer.decode(r.completion_ids[:i], skip_special_tokens=True)[:len(text)]
+                if len(upto) > sent and text.startswith(upto):
+                    await send(api.chunk(cid, self.model, k, {"content": upto[sent:]}))
+                    sent = len(upto)
+            if sent < len(text):
+                await send(api.chunk(cid, self.model, k, {"content": text[sent:]}))
+            if msg.get("tool_calls"):
+                calls = [dict(c, index=j) for j, c in enumerate(msg["tool_calls"])]
+                await send(api.chunk(cid, self.model, k, {"tool_calls": calls}))
+            await send(api.chunk(cid, self.model, k, {}, finish_reason=choice["finish_reason"]))
+        if s.include_usage:
+            await send(api.chunk(cid, self.model, 0, {}, usage={
+                "prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def completions(self, request):
+        episode_id = self._episode(request)
+        body = await self._json(request)
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            raise ApiError(400, "'prompt' must be a non-empty string", "prompt")
+        s = api.parse_sampling(body)
+        if s.stream:
+            raise ApiError(400, "stream is supported on /v1/chat/completions only", "stream")
+        prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        results = await self._generate(prompt_ids, s, self._budget(prompt_ids, s))
+        self._record(episode_id, request.headers.get("X-ActorJet-Role", "default"), prompt_ids, results,
+                     s, [{"role": "prompt", "content": prompt}], None)
+        n_out = sum(len(r.completion_ids) for r in results)
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": k, "text": self._text(r, s.stop), "finish_reason": r.finish_reason,
+                         "logprobs": None} for k, r in enumerate(results)],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": n_out,
+                      "total_tokens": len(prompt_ids) + n_out}})
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "actorjet"}]})
+
+    async def health(self, request):
+        return web.json_response({"ok": True, "model": self.model, "weight_version": self.weight_version,
+                                  "open_episodes": self.store.open_episodes()})
+
+    # -- client mode and collection ------------------------------------------------------
+    async def open_episode(self, request):
+        self._cluster(request)
+        body = await self._json(request) if request.can_read_body else {}
+        episode_id = f"c{uuid.uuid4().hex[:16]}"
+        key = keys.mint(self.secret, episode_id)
+        self.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
+                     "group": body.get("group")})
+        return web.json_response({"episode_id": episode_id, "api_key": key, "model": self.model,
+                                  "base_urls": self.directory()})
+
+    async def end_episode(self, request):
+        episode_id, verb = request.match_info["episode"], request.match_info["verb"]
+        if verb not in ("end", "abort"):
+            raise web.HTTPNotFound()
+        if self._episode(request) != episode_id:
+            raise ApiError(403, "this key belongs to another episode", kind="permission_error")
+        body = await self._json(request) if request.can_read_body else {}
+        reward = body.get("reward")
+        if verb == "end" and not isinstance(reward, (int, float, dict)):
+            raise ApiError(400, "'reward' must be a number or an object {model_or_role: number}", "reward")
+        self.outbox({"event": verb, "episode_id": episode_id, "reward": reward, "task": body.get("task"),
+                     "group": body.get("group")})
+        return web.json_response({"ok": True})
+
+    async def collect(self, request):
+        self._cluster(request)
+        body = await self._json(request)
+        episodes = body.get("episodes")
+        if not isinstance(episodes, list):
+            raise ApiError(400, "'episodes' must be a list of episode ids", "episodes")
+        return web.json_response(self.store.collect(episodes, close=bool(body.get("close", True))))
+
+
+def local_backend(engine) -> Backend:
+    """Call an in-process TransformersEngine (tests, benchmarks, single-process use)."""
+    async def generate(req: GenRequest) -> list[GenResult]:
+        return await asyncio.wrap_future(engine.submit(req))
+    return generate

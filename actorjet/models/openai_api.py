@@ -1,0 +1,144 @@
+"""The OpenAI wire format: validating requests, shaping responses and errors.
+
+Kept apart from the HTTP server so the rules are plain functions: a client mistake is an
+``ApiError`` with OpenAI's JSON error shape and a 4xx status, never a 500.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Sampling:
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    stream: bool = False
+    logprobs: bool = False
+    include_usage: bool = False
+
+
+def _number(body: dict, name: str, default, lo, hi, integer=False):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or not (lo <= value <= hi):
+        kind = "an integer" if integer else "a number"
+        raise ApiError(400, f"'{name}' must be {kind} between {lo} and {hi}, got {value!r}", name)
+    return value
+
+
+def parse_sampling(body: dict, max_n: int = 16) -> Sampling:
+    s = Sampling()
+    s.n = _number(body, "n", 1, 1, max_n, integer=True)
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        s.max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, 1, 1_000_000, integer=True)
+    s.temperature = float(_number(body, "temperature", 1.0, 0.0, 2.0))
+    s.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
+    if s.top_p == 0.0:
+        raise ApiError(400, "'top_p' must be greater than 0", "top_p")
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop):
+            raise ApiError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
+        s.stop = stop
+    if body.get("seed") is not None:
+        s.seed = _number(body, "seed", None, -(2 ** 63), 2 ** 63 - 1, integer=True)
+    s.stream = bool(body.get("stream", False))
+    s.logprobs = bool(body.get("logprobs", False))
+    opts = body.get("stream_options") or {}
+    s.include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    return s
+
+
+def parse_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty array", "messages")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or msg.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(400, f"messages[{i}] needs a role of system, developer, user, assistant or tool",
+                           f"messages[{i}].role")
+        content = msg.get("content")
+        if isinstance(content, list):      # content parts: keep the text ones
+            texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            msg["content"] = "".join(texts)
+        elif content is None and not msg.get("tool_calls"):
+            if msg["role"] != "assistant":
+                raise ApiError(400, f"messages[{i}].content is missing", f"messages[{i}].content")
+        elif content is not None and not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
+    return messages
+
+
+def parse_tools(body: dict) -> list | None:
+    tools = body.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
+                                              and isinstance(t.get("function"), dict)
+                                              and t["function"].get("name") for t in tools):
+        raise ApiError(400, "'tools' must be an array of {type: 'function', function: {name, ...}}", "tools")
+    return tools
+
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def split_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """Parse Hermes-style ``<tool_call>{"name":..., "arguments":...}</tool_call>`` blocks."""
+    calls = []
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            data = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(data, dict) or "name" not in data:
+            continue
+        args = data.get("arguments", {})
+        calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                      "function": {"name": str(data["name"]),
+                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    if not calls:
+        return text, []
+    rest = _TOOL_CALL.sub("", text).strip()
+    return (rest or None), calls
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def chat_response(model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"id": completion_id(), "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices, "system_fingerprint": None,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def chunk(cid: str, model: str, index: int, delta: dict, finish_reason=None, usage=None) -> dict:
+    body = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+    if usage is not None:
+        body["choices"], body["usage"] = [], usage
+    return body

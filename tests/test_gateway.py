@@ -1,0 +1,141 @@
+"""The gateway against the real `openai` client and the real tiny model (no mocks)."""
+import json
+
+import urllib.error
+import urllib.request
+import openai
+import pytest
+
+from actorjet.models import keys, zoo
+from actorjet.models.engine import TransformersEngine
+from actorjet.models.gateway import Gateway, local_backend
+from actorjet.models.serve import AppServer
+
+SECRET = "test-secret"
+
+
+def http(url, body=None, headers=None, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = TransformersEngine(zoo.tiny_arith(0))
+    gw = Gateway("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len)
+    server = AppServer(gw.app())
+    yield gw, server
+    server.stop()
+    engine.close()
+
+
+def client(server, episode="e1", **kw):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint(SECRET, episode), max_retries=0, **kw)
+
+
+def test_chat_completion_is_recorded_with_tokens_and_logprobs(served):
+    gw, server = served
+    reply = client(server, "ep1").chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "12+30="}], max_tokens=4, temperature=0)
+    text = reply.choices[0].message.content
+    assert reply.usage.prompt_tokens == 6 and reply.usage.completion_tokens >= 1
+    calls = gw.store.collect(["ep1"])["ep1"]
+    assert len(calls) == 1
+    call = calls[0]
+    assert call["prompt_ids"] == gw.tokenizer("12+30=")["input_ids"]
+    assert gw.tokenizer.decode(call["completion_ids"], skip_special_tokens=True).startswith(text)
+    assert len(call["logprobs"]) == len(call["completion_ids"]) and all(lp <= 0 for lp in call["logprobs"])
+    assert call["role"] == "default" and call["weight_version"] == 0
+
+
+def test_n_seed_stop_and_role_header(served):
+    gw, server = served
+    c = client(server, "ep2", default_headers={"X-ActorJet-Role": "solver"})
+    a = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "45+45="}],
+                                  n=4, seed=7, max_tokens=4, temperature=1.0)
+    b = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "45+45="}],
+                                  n=4, seed=7, max_tokens=4, temperature=1.0)
+    assert [x.message.content for x in a.choices] == [x.message.content for x in b.choices]
+    assert len(a.choices) == 4
+    calls = gw.store.collect(["ep2"])["ep2"]
+    assert len(calls) == 8 and {c["role"] for c in calls} == {"solver"}
+    s = client(server, "ep2b").chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "45+45="}], max_tokens=4, temperature=0, stop=["0"])
+    assert "0" not in s.choices[0].message.content
+
+
+def test_streaming_replays_the_recorded_answer(served):
+    gw, server = served
+    c = client(server, "ep3")
+    plain = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "33+44="}],
+                                      max_tokens=4, temperature=0)
+    chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "33+44="}],
+                                            max_tokens=4, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == plain.choices[0].message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens >= 1
+    assert len(gw.store.collect(["ep3"])["ep3"]) == 2
+
+
+def test_multi_turn_conversation_runs_unchanged(served):
+    gw, server = served
+    c = client(server, "ep4")
+    history = [{"role": "user", "content": "10+10="}]
+    for turn in range(3):
+        reply = c.chat.completions.create(model="tiny", messages=history, max_tokens=3, temperature=0)
+        history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": f"{turn}+1="}]
+    assert len(gw.store.collect(["ep4"])["ep4"]) == 3
+
+
+def test_completions_and_models_endpoints(served):
+    gw, server = served
+    c = client(server, "ep5")
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    r = c.completions.create(model="tiny", prompt="20+22=", max_tokens=3, temperature=0)
+    assert r.choices[0].text and r.usage.prompt_tokens == 6
+
+
+@pytest.mark.parametrize("kwargs,status,code_or_param", [
+    (dict(model="nope", messages=[{"role": "user", "content": "1+1="}]), 404, "model_not_found"),
+    (dict(model="tiny", messages=[]), 400, "messages"),
+    (dict(model="tiny", messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role"),
+    (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}], temperature=5), 400, "temperature"),
+    (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}], n=0), 400, "n"),
+    (dict(model="tiny", messages=[{"role": "user", "content": "1" * 400}]), 400, "context_length_exceeded"),
+    (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=10_000), 400, "max_tokens"),
+])
+def test_client_mistakes_are_openai_shaped_4xx(served, kwargs, status, code_or_param):
+    _, server = served
+    with pytest.raises(openai.APIStatusError) as err:
+        client(server, "ep6").chat.completions.create(**kwargs)
+    assert err.value.status_code == status
+    body = err.value.body
+    assert code_or_param in (body.get("code"), body.get("param"))
+    assert body.get("message")
+
+
+def test_keys_closed_episodes_and_raw_http_errors(served):
+    gw, server = served
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-not-ours", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
+    forged = openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint("other-secret", "e9"), max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        forged.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
+    gw.store.collect(["ep7"])        # the merger collected it: the episode is closed
+    with pytest.raises(openai.ConflictError):
+        client(server, "ep7").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
+    status, body = http(server.url + "/v1/chat/completions", raw=b"{not json",
+                        headers={"Authorization": f"Bearer {keys.mint(SECRET, 'ep8')}"})
+    assert status == 400 and body["error"]["message"]
+    status, _ = http(server.url + "/internal/collect", {"episodes": []})
+    assert status == 403
+    assert http(server.url + "/healthz")[1]["ok"] is True
