@@ -12,6 +12,11 @@ os.environ.setdefault("CONVENTION_REREGISTRATION_PERIOD", "0:03")
 os.environ.setdefault("CONVENTION_RESTART_PERIOD", "0:03")
 os.environ.setdefault("CONVENTION_REGISTRATION_MISS_MAX", "2")
 
+# Actors load models in background processes: no download bars or advisory chatter there.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")      # models come from local directories only
+
 __version__ = "0.1.0"
 
 

@@ -1,11 +1,34 @@
-"""Job configs (TOML): which models, which tasks, how to train.  Plain data, validated here."""
+"""Job configs (TOML): which models, which tasks, how to train.  Plain data, checked here.
+
+    [[models]]                       # one subtree (engine, gateway, learner) per model
+    name = "policy"
+    source = "tiny-arith"            # tiny-arith | smollm2-135m | a local HF directory
+    [[tasks]]
+    name = "arithmetic"
+    source = "agents.arithmetic"     # module: tasks(seed), optional eval_tasks/messages/score
+    behavior = "agents.arithmetic:behavior"
+    [train]
+    steps = 100
+"""
 from __future__ import annotations
 
+import copy
 import sys
 import tomllib
 from pathlib import Path
 
 from actorjet.errors import UserError
+
+MODEL_DEFAULTS = {
+    "name": "policy", "source": "tiny-arith", "engine": "transformers", "device": "cpu",
+    "dtype": "float32", "trainable": True, "lr": 1e-4, "clip": 0.2, "kl": 0.0, "grad_clip": 1.0,
+    "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
+    "eval_max_tokens": 8, "default_max_tokens": 256,
+}
+TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
+                 "behavior": "agents.arithmetic:behavior", "weight": 1.0}
+TRAIN_DEFAULTS = {"group_size": 8, "groups_per_step": 32, "steps": 100, "max_staleness": 1,
+                  "seed": 0, "lease_timeout_s": 120.0, "runner_concurrency": 32}
 
 
 def tree_path(name: str) -> Path:
@@ -20,8 +43,80 @@ def tree_path(name: str) -> Path:
 def load_job(path: str | Path) -> dict:
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text())
     except OSError as e:
         raise UserError(f"cannot read job config {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: malformed TOML: {e}") from None
+    return normalize(data, str(path))
+
+
+def normalize(data: dict, where: str = "job") -> dict:
+    """Fill defaults and check every field, naming the one that is wrong."""
+    job = {"models": [], "tasks": [], "train": _section(data.get("train", {}), TRAIN_DEFAULTS, f"{where}: [train]")}
+    for i, model in enumerate(data.get("models", [{}])):
+        job["models"].append(_section(model, MODEL_DEFAULTS, f"{where}: models[{i}]"))
+    for i, task in enumerate(data.get("tasks", [{}])):
+        job["tasks"].append(_section(task, TASK_DEFAULTS, f"{where}: tasks[{i}]"))
+    for key in data:
+        if key not in ("models", "tasks", "train"):
+            raise UserError(f"{where}: unknown section [{key}] (expected models, tasks, train)")
+    names = [m["name"] for m in job["models"]]
+    if len(set(names)) != len(names):
+        raise UserError(f"{where}: model names must be unique, got {names}")
+    for m in job["models"]:
+        if m["engine"] not in ("transformers", "vllm"):
+            raise UserError(f"{where}: model {m['name']!r}: engine must be transformers or vllm")
+    t = job["train"]
+    for key in ("group_size", "groups_per_step", "steps", "runner_concurrency"):
+        if not isinstance(t[key], int) or t[key] < 1:
+            raise UserError(f"{where}: [train] {key} must be a positive integer, got {t[key]!r}")
+    return job
+
+
+def _section(given: dict, defaults: dict, where: str) -> dict:
+    if not isinstance(given, dict):
+        raise UserError(f"{where} must be a table")
+    for key, value in given.items():
+        if key not in defaults:
+            raise UserError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(defaults))})")
+        want = type(defaults[key])
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise UserError(f"{where}: field {key!r} must be {want.__name__}, got {value!r}")
+    return {**copy.deepcopy(defaults), **given}
+
+
+def prepare(job: dict, progress=None) -> dict:
+    """Resolve every model to a local directory before the tree starts, so actors never race
+    to build the same model.
+
+    Building runs in a child process: torch's thread pools must never start in the head
+    process, because every actor is forked from it and a forked OpenMP pool deadlocks."""
+    import subprocess
+
+    for model in job["models"]:
+        cmd = [sys.executable, "-m", "actorjet.models.zoo", model["source"], str(job["train"]["seed"])]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        path = None
+        for line in proc.stdout:
+            kind, _, rest = line.strip().partition(" ")
+            if kind == "progress" and progress is not None:
+                done, total = rest.split()
+                progress(int(done), int(total))
+            elif kind == "path":
+                path = rest
+        err = proc.stderr.read().strip().splitlines()
+        if proc.wait() != 0 or path is None:
+            raise UserError(f"model {model['name']!r}: {err[-1] if err else 'could not be prepared'}")
+        model["path"] = path
+    return job
+
+
+def model_config(job: dict, name: str) -> dict:
+    for model in job["models"]:
+        if model["name"] == name:
+            return model
+    raise UserError(f"the tree names model {name!r} but the job config has only "
+                    f"{[m['name'] for m in job['models']]}")

@@ -52,12 +52,12 @@ def add_start(sub) -> None:
 
 
 def cmd_start(args) -> int:
-    from actorjet.job import load_job, tree_path
+    from actorjet.job import load_job, normalize, prepare, tree_path
     from actorjet.runtime.head import Head
     from actorjet.runtime.spec import load_tree
 
     tree = load_tree(args.tree or tree_path("default.toml"))
-    job = load_job(args.config) if args.config else {}
+    job = prepare(load_job(args.config) if args.config else normalize({}))
     if args.node_timeout <= 0:
         raise UserError("--node-timeout must be > 0")
     stop = _Stop()

@@ -46,14 +46,19 @@ class GenResult:
 
 
 class TransformersEngine:
-    def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
-                 max_batch: int = 64, window_s: float = 0.004, seed: int = 0):
+    def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
+                 max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
+                 model=None, tokenizer=None, start_thread: bool = True):
+        """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
+        evaluates its own weights this way, with ``start_thread=False``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-        self.model.to(self.device).eval()
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+            model.to(self.device).eval()
+        self.model = model
         self.eos_ids = self._eos_ids()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
@@ -67,8 +72,8 @@ class TransformersEngine:
         self._lock = threading.Lock()
         self._closed = False
         self.batches = 0
-        self._thread = threading.Thread(target=self._loop, name="engine-batcher", daemon=True)
-        self._thread.start()
+        if start_thread:
+            threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None

@@ -248,7 +248,7 @@ class Gateway:
         episode_id = f"c{uuid.uuid4().hex[:16]}"
         key = keys.mint(self.secret, episode_id)
         self.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
-                     "group": body.get("group")})
+                     "group": body.get("group"), "group_size": body.get("group_size", 1)})
         return web.json_response({"episode_id": episode_id, "api_key": key, "model": self.model,
                                   "base_urls": self.directory()})
 

@@ -66,7 +66,7 @@ def addition_problem(rng: random.Random) -> tuple[str, str]:
 
 
 def tiny_arith(seed: int = 0, progress=None, steps: int = 300) -> Path:
-    out = cache_dir() / "zoo" / f"tiny-arith-v{ZOO_VERSION}-seed{seed}"
+    out = cache_dir() / "zoo" / f"tiny-arith-v{ZOO_VERSION}-seed{seed}-steps{steps}"
     if (out / "done.json").exists():
         return out
     import torch
@@ -136,3 +136,23 @@ def smollm2() -> Path:
     (tmp / "done.json").write_text(json.dumps({"from": str(gguf)}))
     tmp.rename(out)
     return out
+
+
+def main(argv: list[str]) -> int:
+    """``python -m actorjet.models.zoo SOURCE SEED``: build if needed, print the directory."""
+    import sys
+
+    def report(done, total):
+        print(f"progress {done} {total}", flush=True)
+
+    try:
+        print(f"path {resolve(argv[0], int(argv[1]), report)}", flush=True)
+    except UserError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

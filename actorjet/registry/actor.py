@@ -43,7 +43,8 @@ class Registry(ManagedActor):
         self.wakeupAfter(timedelta(seconds=self.heartbeat_s), payload="heartbeat")
 
     def on_stop(self) -> None:
-        self.desk.close()
+        if hasattr(self, "desk"):
+            self.desk.close()
 
     # -- joining ------------------------------------------------------------------------
     def receiveMsg_ActorSystemConventionUpdate(self, msg: ActorSystemConventionUpdate, sender):
@@ -121,6 +122,9 @@ class Registry(ManagedActor):
 
     # -- subscriptions and status ------------------------------------------------------
     def receiveMsg_Subscribe(self, msg: m.Subscribe, sender):
+        if msg.topic == "directory":
+            self.desk.subscribe(sender)
+            return
         if sender not in self.subscribers:
             self.subscribers.append(sender)
         for node in self.table.alive():

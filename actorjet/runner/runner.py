@@ -1,18 +1,42 @@
-"""The agent runner actor: lives on a node slot, pulls episode leases, runs behaviors.
+"""The agent runner actor: lives on a node slot, pulls GRPO-group leases, runs behaviors.
 
 Placed by the runner supervisor with ``{"node_id": ...}`` requirements.  On start it
 tells the node agent which admission placed it, so a runner left behind by a head that
 restarted (or by a network cut) is stopped instead of running twice.
+
+Episodes run in a thread pool (agent code mostly waits on HTTP), so one runner keeps
+``runner_concurrency`` episodes in flight while its actor stays responsive: a short
+wakeup loop collects finished groups, reports them, and asks for more work.
 """
 from __future__ import annotations
 
-import logging
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
 
+import cloudpickle
+from thespian.actors import WakeupMessage
+
+from actorjet.runner.llm import LLM
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.logs import log
 from actorjet.runtime.node import NODE_AGENT_NAME, NodeAgent, on_node
 
-log = logging.getLogger("actorjet")
+POLL_S = 0.02
+
+
+def run_episode(fn, task: dict, urls: dict, episode: dict) -> dict:
+    """One episode; any exception stays inside it and is reported as the episode's error."""
+    try:
+        reward = fn(dict(task), LLM(urls, episode["api_key"], episode["episode_id"]))
+        if isinstance(reward, bool) or not isinstance(reward, (int, float, dict)):
+            raise TypeError(f"behavior returned {type(reward).__name__}; expected a number or a dict")
+        return {"episode_id": episode["episode_id"], "reward": reward}
+    except Exception as e:  # noqa: BLE001 - agent code may fail in any way
+        return {"episode_id": episode["episode_id"], "reward": None,
+                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=5)}
 
 
 class AgentRunner(ManagedActor):
@@ -25,6 +49,78 @@ class AgentRunner(ManagedActor):
         self.node_id = self.args["node_id"]
         agent = self.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         self.send(agent, m.RunnerHello(self.args.get("admission", ""), self.runner_id))
+        train = (self.context.get("job") or {}).get("train", {})
+        self.concurrency = int(train.get("runner_concurrency", 8))
+        self.group_size = int(train.get("group_size", 1))
+        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="episode")
+        self.behaviors: dict[str, tuple[int, object]] = {}
+        self.groups: dict[str, tuple[dict, list[Future]]] = {}
+        self.waiting_for_leases = False
+        self.retry_at = 0.0
+        self.polling = False
+        self.episodes_done = 0
+        self._ask_for_work()
+
+    def on_context(self) -> None:
+        self.waiting_for_leases = False
+        self._ask_for_work()
+
+    def _free(self) -> int:
+        busy = sum(len(f) for _, f in self.groups.values())
+        return (self.concurrency - busy) // max(1, self.group_size)
+
+    def _ask_for_work(self) -> None:
+        if self.registry is None or self.waiting_for_leases or time.monotonic() < self.retry_at:
+            return
+        free = self._free()
+        if free <= 0:
+            return
+        self.waiting_for_leases = True
+        self.send(self.registry, m.LeaseRequest(self.runner_id, max(1, free),
+                                                {k: v for k, (v, _) in self.behaviors.items()}))
+
+    def receiveMsg_Leases(self, msg: m.Leases, sender):
+        self.waiting_for_leases = False
+        for name, (version, blob) in msg.behaviors.items():
+            self.behaviors[name] = (version, cloudpickle.loads(blob))
+        for lease in msg.leases:
+            _, fn = self.behaviors[lease["behavior"]]
+            futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
+                       for ep in lease["episodes"]]
+            self.groups[lease["group_id"]] = (lease, futures)
+        self._poll_soon()
+        self._ask_for_work()
+
+    def receiveMsg_NoWork(self, msg: m.NoWork, sender):
+        self.waiting_for_leases = False
+        self.retry_at = time.monotonic() + msg.retry_s
+        self._poll_soon(msg.retry_s)
+
+    def _poll_soon(self, delay: float = POLL_S) -> None:
+        if not self.polling:
+            self.polling = True
+            self.wakeupAfter(timedelta(seconds=delay))
+
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
+        self.polling = False
+        for group_id, (lease, futures) in list(self.groups.items()):
+            if all(f.done() for f in futures):
+                del self.groups[group_id]
+                results = [f.result() for f in futures]
+                for r in results:
+                    if r.get("error"):
+                        log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])
+                    r.pop("traceback", None)
+                self.episodes_done += len(results)
+                self.send(self.registry, m.GroupResult(self.runner_id, group_id, results))
+        self._ask_for_work()
+        if self.groups or not self.waiting_for_leases:
+            self._poll_soon()
+
+    def on_stop(self) -> None:
+        if getattr(self, "pool", None):
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
     def info(self) -> dict:
-        return {"path": self.path, "runner_id": self.runner_id, "node_id": self.node_id}
+        return {"path": self.path, "runner_id": getattr(self, "runner_id", None),
+                "node_id": getattr(self, "node_id", None), "episodes_done": getattr(self, "episodes_done", 0)}

@@ -176,3 +176,82 @@ class Status:
 class RestartCounts:
     """Root → registry after the registry (re)starts: restart counters per child path."""
     counts: dict
+
+
+# --- training path ---------------------------------------------------------------------
+
+@dataclass
+class ServiceUp:
+    """An engine, gateway, learner or merger announces itself to the registry."""
+    model: str            # "" for model-independent services (merger)
+    kind: str             # engine | gateway | learner | merger
+    url: str | None
+    address: Any
+
+
+@dataclass
+class Directory:
+    """Registry → subscribers: where every service is, {model: {kind: {url, address}}}."""
+    services: dict
+
+
+@dataclass
+class LoadWeights:
+    version: int
+    path: str
+
+
+@dataclass
+class LeaseRequest:
+    runner_id: str
+    max_groups: int
+    behaviors: dict = field(default_factory=dict)   # name → version the runner already has
+
+
+@dataclass
+class Leases:
+    leases: list                 # [{group_id, task_name, behavior, version, episodes: [...], deadline}]
+    behaviors: dict              # name → (version, cloudpickled function), only the new ones
+
+
+@dataclass
+class NoWork:
+    retry_s: float
+    reason: str = ""
+
+
+@dataclass
+class GroupResult:
+    runner_id: str
+    group_id: str
+    results: list                # [{episode_id, reward, error}]
+
+
+@dataclass
+class GroupDone:
+    """Registry → merger: every episode of a GRPO group finished and was recorded."""
+    group: dict                  # {group_id, task_name, behavior, version, episodes: [{episode_id, reward}]}
+
+
+@dataclass
+class BatchReady:
+    model: str
+    path: str
+    groups: int
+    stats: dict
+
+
+@dataclass
+class Trained:
+    """Learner → registry after each optimizer step."""
+    model: str
+    step: int
+    weight_version: int
+    groups: int
+    done: bool = False
+
+
+@dataclass
+class ClientEvent:
+    """Gateway → registry: a client-mode episode was opened, ended or aborted."""
+    event: dict

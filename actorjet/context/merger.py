@@ -1,0 +1,99 @@
+"""The merger actor: finished GRPO groups → per-model training batches on disk.
+
+For every group the registry reports done, it collects the recorded calls from each
+model's gateway (over HTTP: the data plane), credits each call with its episode's
+group-normalized advantage for that model/role, turns calls into samples, and once
+``groups_per_step`` groups are in, writes a batch file and tells that model's learner.
+Groups whose rewards do not vary carry no GRPO signal; they are counted, not trained.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from actorjet.context.samples import call_sample, group_advantages, reward_for
+from actorjet.runtime import messages as m
+from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.logs import log
+
+
+def collect_calls(gateway_url: str, token: str, episode_ids: list[str]) -> dict[str, list[dict]]:
+    base = gateway_url[:-3] if gateway_url.endswith("/v1") else gateway_url
+    req = urllib.request.Request(base + "/internal/collect", data=json.dumps({"episodes": episode_ids}).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+class Merger(ManagedActor):
+    def on_init(self) -> None:
+        train = self.context["job"]["train"]
+        self.groups_per_step = train["groups_per_step"]
+        self.services: dict = {}
+        self.pending: dict[str, dict] = {}     # model → {"samples": [...], "groups": n, "stats": {...}}
+        self.batches = 0
+        self.out_dir = Path(self.context["run_dir"]) / "batches"
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._announce()
+
+    def _announce(self) -> None:
+        self.send(self.registry, m.ServiceUp("", "merger", None, self.myAddress))
+        self.send(self.registry, m.Subscribe("directory"))
+
+    def on_context(self) -> None:
+        self._announce()
+
+    def receiveMsg_Directory(self, msg: m.Directory, sender):
+        self.services = msg.services
+
+    def receiveMsg_GroupDone(self, msg: m.GroupDone, sender):
+        group = msg.group
+        ids = [e["episode_id"] for e in group["episodes"]]
+        rewards = {e["episode_id"]: e["reward"] for e in group["episodes"]}
+        for model, svc in self.services.items():
+            if "learner" not in svc or "gateway" not in svc:
+                continue
+            calls = collect_calls(svc["gateway"]["url"], self.context["token"], ids)
+            self._add(model, group, calls, rewards)
+
+    def _add(self, model: str, group: dict, calls: dict[str, list[dict]], rewards: dict) -> None:
+        batch = self.pending.setdefault(model, {"samples": [], "groups": 0, "episodes": 0,
+                                                "rewards": [], "zero_variance_groups": 0, "calls": 0})
+        batch["groups"] += 1
+        batch["episodes"] += len(rewards)
+        credited = {}
+        for episode_id, episode_calls in calls.items():
+            for call in episode_calls:
+                r = reward_for(rewards[episode_id], model, call["role"])
+                if r is not None:
+                    credited.setdefault(episode_id, r)
+        batch["rewards"] += list(credited.values())
+        if len(credited) >= 2 and len(set(credited.values())) > 1:
+            advantages = group_advantages(credited)
+            for episode_id, episode_calls in calls.items():
+                if episode_id in advantages:
+                    batch["calls"] += len(episode_calls)
+                    batch["samples"] += [call_sample(c, advantages[episode_id]) for c in episode_calls]
+        else:
+            batch["zero_variance_groups"] += 1
+        if batch["groups"] >= self.groups_per_step:
+            self._flush(model)
+
+    def _flush(self, model: str) -> None:
+        batch = self.pending.pop(model)
+        learner = self.services.get(model, {}).get("learner")
+        self.batches += 1
+        path = self.out_dir / f"{model}-{self.batches:06d}.pt"
+        rewards = batch.pop("rewards")
+        stats = {k: v for k, v in batch.items() if k != "samples"}
+        stats.update(reward_mean=sum(rewards) / max(1, len(rewards)), sequences=len(batch["samples"]),
+                     created=time.time())
+        torch.save({"model": model, "samples": batch["samples"], "stats": stats}, path)
+        if learner is None:
+            log.error("batch %s written but model %s has no learner", path, model)
+            return
+        self.send(learner["address"], m.BatchReady(model, str(path), batch["groups"], stats))

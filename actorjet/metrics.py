@@ -1,0 +1,56 @@
+"""metrics.jsonl (one JSON object per learner step or evaluation) and the reward-curve plot."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def append(run_dir: str | Path, record: dict) -> None:
+    record = {"time": time.time(), **record}
+    with open(Path(run_dir) / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue            # a line being written right now
+    return rows
+
+
+def plot(run_dir: str | Path) -> Path | None:
+    """plots/reward_curve.png: training reward and held-out accuracy per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read(run_dir)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    models = sorted({r["model"] for r in rows if "model" in r})
+    for model in models:
+        train = [r for r in rows if r.get("kind") == "train" and r["model"] == model]
+        evals = [r for r in rows if r.get("kind") == "eval" and r["model"] == model]
+        if train:
+            ax.plot([r["step"] for r in train], [r["reward_mean"] for r in train], label=f"{model}: train reward", alpha=0.7)
+        if evals:
+            ax.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", label=f"{model}: held-out accuracy")
+    ax.set_xlabel("learner step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("ActorJet run")
+    out = Path(run_dir) / "plots" / "reward_curve.png"
+    out.parent.mkdir(exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,68 @@
+"""The engine actor: one inference engine per model, served on an internal HTTP endpoint.
+
+Token ids in, token ids and logprobs out (``POST /generate``).  The gateway is its only
+client; weights arrive as ``LoadWeights`` control messages and are applied between
+batches, so no request is ever dropped by a weight update.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from actorjet.job import model_config
+from actorjet.models.engine import GenRequest
+from actorjet.models.serve import AppServer
+from actorjet.runtime import messages as m
+from actorjet.runtime.child import ManagedActor
+
+
+def make_engine(cfg: dict, seed: int):
+    """The engine a model config asks for; vLLM is imported only when asked for."""
+    if cfg["engine"] == "vllm":
+        from actorjet.models.vllm_engine import VLLMEngine
+        return VLLMEngine(cfg["path"], dtype=cfg["dtype"], seed=seed)
+    from actorjet.models.engine import TransformersEngine
+    return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
+                              max_batch=cfg["max_batch"], seed=seed)
+
+
+def engine_app(engine) -> web.Application:
+    async def generate(request):
+        body = await request.json()
+        req = GenRequest(**body)
+        results = await asyncio.wrap_future(engine.submit(req))
+        return web.json_response({"results": [r.__dict__ for r in results]})
+
+    async def health(request):
+        return web.json_response({"ok": True, "weight_version": engine.weight_version})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/healthz", health)
+    return app
+
+
+class Engine(ManagedActor):
+    def on_init(self) -> None:
+        job = self.context["job"]
+        self.model = self.args["model"]
+        cfg = model_config(job, self.model)
+        self.engine = make_engine(cfg, job["train"]["seed"])
+        self.server = AppServer(engine_app(self.engine))
+        self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
+
+    def on_context(self) -> None:
+        self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
+
+    def receiveMsg_LoadWeights(self, msg: m.LoadWeights, sender):
+        self.engine.load_weights(msg.version, msg.path)
+
+    def on_stop(self) -> None:
+        if getattr(self, "server", None):
+            self.server.stop()
+            self.engine.close()
+
+    def info(self) -> dict:
+        return {"path": self.path, "model": getattr(self, "model", None),
+                "weight_version": getattr(getattr(self, "engine", None), "weight_version", None)}

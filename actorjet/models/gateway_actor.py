@@ -1,0 +1,93 @@
+"""The gateway actor: runs one model's OpenAI-compatible gateway and relays its events.
+
+The HTTP server lives in a thread; control-plane traffic (client-mode episode events to
+the registry, the engine's address from the registry's directory) goes through this
+actor's thespian mailbox.  Events are handed from the HTTP thread through a queue that a
+short wakeup loop drains.
+"""
+from __future__ import annotations
+
+import queue
+from datetime import timedelta
+
+import aiohttp
+from thespian.actors import WakeupMessage
+
+from actorjet.job import model_config
+from actorjet.models.engine import GenRequest, GenResult
+from actorjet.models.gateway import EngineUnavailable, Gateway as GatewayApp
+from actorjet.models.serve import AppServer
+from actorjet.runtime import messages as m
+from actorjet.runtime.child import ManagedActor
+
+FLUSH_S = 0.05
+
+
+class HttpEngineBackend:
+    """Calls the engine actor's /generate; no engine → EngineUnavailable (a 503)."""
+
+    def __init__(self):
+        self.url: str | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, req: GenRequest) -> list[GenResult]:
+        if self.url is None:
+            raise EngineUnavailable("no engine registered yet")
+        if self.session is None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+        try:
+            async with self.session.post(self.url + "/generate", json=req.__dict__) as resp:
+                if resp.status != 200:
+                    raise EngineUnavailable(f"engine answered {resp.status}")
+                data = await resp.json()
+        except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as e:
+            raise EngineUnavailable(str(e)) from None
+        return [GenResult(**r) for r in data["results"]]
+
+
+class Gateway(ManagedActor):
+    def on_init(self) -> None:
+        from transformers import AutoTokenizer
+
+        job = self.context["job"]
+        self.model = self.args["model"]
+        cfg = model_config(job, self.model)
+        tokenizer = AutoTokenizer.from_pretrained(cfg["path"])
+        self.backend = HttpEngineBackend()
+        self.events: queue.Queue = queue.Queue()
+        self.base_urls: dict[str, str] = {}
+        max_len = int(getattr(__import__("transformers").AutoConfig.from_pretrained(cfg["path"]),
+                              "max_position_embeddings", 2048))
+        self.app = GatewayApp(self.model, tokenizer, self.backend, self.context["token"], max_len,
+                              default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
+                              directory=lambda: dict(self.base_urls))
+        host = self.context.get("gateway_host", "127.0.0.1")
+        self.server = AppServer(self.app.app(), host=host, port=cfg["gateway_port"])
+        self._announce()
+        self.send(self.registry, m.Subscribe("directory"))
+        self.wakeupAfter(timedelta(seconds=FLUSH_S))
+
+    def _announce(self) -> None:
+        self.send(self.registry, m.ServiceUp(self.model, "gateway", self.server.url + "/v1", self.myAddress))
+
+    def on_context(self) -> None:
+        self._announce()
+        self.send(self.registry, m.Subscribe("directory"))
+
+    def receiveMsg_Directory(self, msg: m.Directory, sender):
+        engine = msg.services.get(self.model, {}).get("engine")
+        self.backend.url = engine["url"] if engine else None
+        self.base_urls = {name: s["gateway"]["url"] for name, s in msg.services.items() if "gateway" in s}
+
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                break
+            self.send(self.registry, m.ClientEvent(dict(event, model=self.model)))
+        self.wakeupAfter(timedelta(seconds=FLUSH_S))
+
+    def on_stop(self) -> None:
+        if getattr(self, "server", None):
+            self.server.stop()

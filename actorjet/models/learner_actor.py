@@ -1,0 +1,133 @@
+"""The learner actor: one per trainable model.  Batches in, weight versions out.
+
+Loop, top to bottom:  BatchReady → load the batch file → drop samples staler than
+``max_staleness`` versions → one GRPO step → save weights as version v+1 → tell the engine
+(LoadWeights) and the registry (Trained) → metrics line → every ``eval_every`` steps a
+held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
+A frozen model (``trainable = false``) gets no learner in the tree.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from actorjet import metrics
+from actorjet.job import model_config
+from actorjet.models.evaluate import greedy_accuracy, has_eval
+from actorjet.models.grpo import GRPOConfig, grpo_step
+from actorjet.runtime import messages as m
+from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.logs import log
+
+
+def save_weights(model, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    # clone: tied embeddings share storage, which safetensors refuses
+    save_file({k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}, str(path))
+
+
+class Learner(ManagedActor):
+    def on_init(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        job = self.context["job"]
+        self.model_name = self.args["model"]
+        self.cfg = model_config(job, self.model_name)
+        self.train_cfg = job["train"]
+        self.run_dir = Path(self.context["run_dir"])
+        torch.manual_seed(self.train_cfg["seed"])
+        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
+        self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], dtype=torch.float32)
+        self.model.to(self.cfg["device"])
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
+        self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
+        self.ref_model = None
+        if self.cfg["kl"] > 0:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], dtype=torch.float32).eval()
+        self.step = self.version = 0
+        self.weights_dir = self.run_dir / "weights" / self.model_name
+        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self.engine = None
+        eval_sources = [t["source"] for t in job["tasks"] if has_eval(t["source"])]
+        self.eval_source = eval_sources[0] if eval_sources else None
+        self._evaluate()      # step 0: the starting checkpoint's score
+        self._announce()
+
+    def _announce(self) -> None:
+        self.send(self.registry, m.ServiceUp(self.model_name, "learner", None, self.myAddress))
+        self.send(self.registry, m.Subscribe("directory"))
+
+    def on_context(self) -> None:
+        self._announce()
+
+    def receiveMsg_Directory(self, msg: m.Directory, sender):
+        engine = msg.services.get(self.model_name, {}).get("engine")
+        self.engine = engine["address"] if engine else None
+
+    def receiveMsg_BatchReady(self, msg: m.BatchReady, sender):
+        if self.step >= self.train_cfg["steps"]:
+            return
+        t0 = time.perf_counter()
+        batch = torch.load(msg.path, weights_only=False)
+        samples, stale = [], 0
+        for s in batch["samples"]:
+            oldest = min(v for v in s["versions"] if v >= 0)
+            if self.version - oldest > self.train_cfg["max_staleness"]:
+                stale += 1
+            else:
+                samples.append(s)
+        staleness = [self.version - min(v for v in s["versions"] if v >= 0) for s in samples]
+        info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
+            if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+        self.step += 1
+        self.version += 1
+        path = self.weights_dir / f"v{self.version:06d}.safetensors"
+        save_weights(self.model, path)
+        if self.engine is not None:
+            self.send(self.engine, m.LoadWeights(self.version, str(path)))
+        old = self.weights_dir / f"v{self.version - 3:06d}.safetensors"
+        old.unlink(missing_ok=True)
+        done = self.step >= self.train_cfg["steps"]
+        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, msg.groups, done))
+        record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
+                  "reward_mean": msg.stats.get("reward_mean"), "groups": msg.groups,
+                  "episodes": msg.stats.get("episodes"), "zero_variance_groups": msg.stats.get("zero_variance_groups"),
+                  "stale_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
+                  "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
+                  "batch_wait_s": time.time() - msg.stats.get("created", time.time()),
+                  **{k: v for k, v in info.items() if k != "skipped"}}
+        for key in ("calls", "context"):
+            if key in msg.stats:
+                record[key] = msg.stats[key]
+        metrics.append(self.run_dir, record)
+        Path(msg.path).unlink(missing_ok=True)
+        if self.step % self.cfg["eval_every"] == 0 or done:
+            self._evaluate()
+        if self.step % self.cfg["checkpoint_every"] == 0 or done:
+            self._checkpoint()
+
+    def _evaluate(self) -> None:
+        if self.eval_source is None:
+            return
+        t0 = time.perf_counter()
+        acc = greedy_accuracy(self.model, self.tokenizer, self.eval_source, self.cfg["eval_max_tokens"])
+        metrics.append(self.run_dir, {"kind": "eval", "model": self.model_name, "step": self.step,
+                                      "weight_version": self.version, "accuracy": acc,
+                                      "eval_time_s": time.perf_counter() - t0})
+        log.info("%s step %d: held-out accuracy %.3f", self.model_name, self.step, acc)
+
+    def _checkpoint(self) -> None:
+        out = self.run_dir / "checkpoints" / self.model_name / f"step_{self.step:06d}"
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
+        (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))
+
+    def info(self) -> dict:
+        return {"path": self.path, "step": getattr(self, "step", None), "version": getattr(self, "version", None)}
