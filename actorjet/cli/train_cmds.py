@@ -11,16 +11,16 @@ from datetime import datetime
 from pathlib import Path
 
 QUICKSTART_JOB = {
-    "models": [{"name": "policy", "source": "tiny-arith", "lr": 2e-4, "eval_every": 10,
+    "models": [{"name": "policy", "source": "tiny-arith", "lr": 1e-4, "eval_every": 10,
                 "checkpoint_every": 1000, "max_batch": 256}],
     "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
-    "train": {"group_size": 8, "groups_per_step": 16, "steps": 120, "max_staleness": 1, "seed": 0,
+    "train": {"group_size": 8, "groups_per_step": 32, "steps": 150, "max_staleness": 1, "seed": 0,
               "runner_concurrency": 64},
 }
 
 
 def add_quickstart(sub) -> None:
-    p = sub.add_parser("quickstart", help="train the tiny arithmetic model on this machine (≈5 min)",
+    p = sub.add_parser("quickstart", help="train the tiny arithmetic model on this machine (≈3 min)",
                        description="Start an embedded head and local runner processes, train tiny-arith "
                        "(a 1M-parameter Llama warmed up on 2-digit addition) with GRPO through the "
                        "OpenAI-compatible gateway, and print held-out accuracy before and after.")

@@ -45,27 +45,13 @@ class GenResult:
     weight_version: int
 
 
-class TransformersEngine:
-    def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
-                 max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
-                 model=None, tokenizer=None, start_thread: bool = True):
-        """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
-        evaluates its own weights this way, with ``start_thread=False``)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+class BatchingEngine:
+    """Requests that arrive within ``window_s`` are generated together (up to ``max_batch``
+    sequences) in one background thread; weights change only between batches.
+    Subclasses implement ``_generate(reqs)`` and ``_load(path)``."""
 
-        self.device = torch.device(device)
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-            model.to(self.device).eval()
-        self.model = model
-        self.eos_ids = self._eos_ids()
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
+    def _start_batching(self, max_batch: int, window_s: float, start_thread: bool) -> None:
         self.max_batch, self.window_s = max_batch, window_s
-        # transformers renamed `past_key_values` to `cache` in 5.x; support both.
-        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.weight_version = 0
         self._pending_weights: tuple[int, str] | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -74,13 +60,6 @@ class TransformersEngine:
         self.batches = 0
         if start_thread:
             threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
-
-    def _eos_ids(self) -> list[int]:
-        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
-        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
 
     # -- public -------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> Future:
@@ -137,13 +116,52 @@ class TransformersEngine:
     def _apply_weights(self) -> None:
         if self._pending_weights is None:
             return
-        from safetensors.torch import load_file
-
         version, path = self._pending_weights
         self._pending_weights = None
-        state = load_file(path, device=str(self.device))
-        self.model.load_state_dict(state, strict=False)
+        self._load(path)
         self.weight_version = version
+
+    def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        raise NotImplementedError
+
+    def _load(self, path: str) -> None:
+        raise NotImplementedError
+
+
+
+class TransformersEngine(BatchingEngine):
+    def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
+                 max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
+                 model=None, tokenizer=None, start_thread: bool = True):
+        """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
+        evaluates its own weights this way, with ``start_thread=False``)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+            model.to(self.device).eval()
+        self.model = model
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        # transformers renamed `past_key_values` to `cache` in 5.x; support both.
+        self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._start_batching(max_batch, window_s, start_thread)
+
+    def _eos_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    def _load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(path, device=str(self.device)), strict=False)
 
     # -- the sampling loop --------------------------------------------------------------
     @torch.no_grad()

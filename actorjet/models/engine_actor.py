@@ -21,7 +21,8 @@ def make_engine(cfg: dict, seed: int):
     """The engine a model config asks for; vLLM is imported only when asked for."""
     if cfg["engine"] == "vllm":
         from actorjet.models.vllm_engine import VLLMEngine
-        return VLLMEngine(cfg["path"], dtype=cfg["dtype"], seed=seed)
+        return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
+                          seed=seed, max_batch=cfg["max_batch"])
     from actorjet.models.engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
                               max_batch=cfg["max_batch"], seed=seed)
@@ -48,6 +49,9 @@ class Engine(ManagedActor):
         job = self.context["job"]
         self.model = self.args["model"]
         cfg = model_config(job, self.model)
+        if cfg["device"] == "cpu":
+            import torch
+            torch.set_num_threads(cfg["threads"])
         self.engine = make_engine(cfg, job["train"]["seed"])
         self.server = AppServer(engine_app(self.engine))
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))

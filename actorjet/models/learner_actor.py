@@ -40,6 +40,8 @@ class Learner(ManagedActor):
         self.train_cfg = job["train"]
         self.run_dir = Path(self.context["run_dir"])
         torch.manual_seed(self.train_cfg["seed"])
+        if self.cfg["device"] == "cpu":
+            torch.set_num_threads(self.cfg["threads"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
         self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], dtype=torch.float32)
         self.model.to(self.cfg["device"])

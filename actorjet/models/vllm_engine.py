@@ -1,0 +1,59 @@
+"""The vLLM engine for GPU machines (``pip install 'actorjet[vllm]'`` in its own environment:
+vLLM pins its own torch).  Imported only when a model config says ``engine = "vllm"``.
+
+Same contract as the transformers engine: token ids in; token ids, the logprob of every
+sampled token and the weight version out; new weights between batches.  vLLM schedules the
+batch itself (continuous batching, prefix caching); weights are loaded on every worker
+through ``collective_rpc`` from the learner's safetensors file.
+"""
+from __future__ import annotations
+
+from actorjet.errors import UserError
+from actorjet.models.engine import BatchingEngine, GenRequest, GenResult
+
+
+def _load_on_worker(worker, path: str) -> None:
+    """Runs inside each vLLM worker process."""
+    from safetensors.torch import load_file
+
+    worker.model_runner.model.load_weights(weights=load_file(path).items())
+
+
+class VLLMEngine(BatchingEngine):
+    def __init__(self, model_dir: str, dtype: str = "bfloat16", seed: int = 0, max_batch: int = 1024,
+                 window_s: float = 0.004, gpu_memory_utilization: float = 0.6, start_thread: bool = True):
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError as e:
+            raise UserError(f"engine = 'vllm' needs vLLM ({e}); install actorjet[vllm] in an environment "
+                            "with a GPU, or use engine = 'transformers'") from None
+        self.SamplingParams = SamplingParams
+        kwargs = dict(model=str(model_dir), dtype=dtype, seed=seed, enable_prefix_caching=True,
+                      gpu_memory_utilization=gpu_memory_utilization)
+        try:    # sampled-token logprobs after temperature, as the learner recomputes them
+            self.llm = LLM(logprobs_mode="processed_logprobs", **kwargs)
+        except TypeError:
+            self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._start_batching(max_batch, window_s, start_thread)
+
+    def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        self.batches += 1
+        params = [self.SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
+                                      stop=r.stop or None, seed=r.seed, logprobs=0) for r in reqs]
+        prompts = [{"prompt_token_ids": r.prompt_ids} for r in reqs]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            choices = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids)]
+                choices.append(GenResult(ids, lps, "length" if c.finish_reason == "length" else "stop",
+                                         self.weight_version))
+            results.append(choices)
+        return results
+
+    def _load(self, path: str) -> None:
+        self.llm.collective_rpc(_load_on_worker, args=(path,))
+        self.llm.reset_prefix_cache()     # cached KV blocks belong to the old weights

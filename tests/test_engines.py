@@ -1,0 +1,42 @@
+"""Engines: batching, weight versions, and the vLLM engine where a GPU and vLLM exist."""
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from actorjet.models import zoo
+from actorjet.models.engine import GenRequest, TransformersEngine
+from actorjet.models.learner_actor import save_weights
+
+
+def test_concurrent_requests_are_batched_and_weights_swap_between_batches(tmp_path):
+    engine = TransformersEngine(zoo.tiny_arith(0), window_s=0.05)
+    prompt = engine.tokenizer("12+34=")["input_ids"]
+    futures = [engine.submit(GenRequest(prompt, 3, 0.0)) for _ in range(16)]
+    results = [f.result(30)[0] for f in futures]
+    assert engine.batches <= 2                   # 16 requests, one or two batches
+    assert len({tuple(r.completion_ids) for r in results}) == 1 and results[0].weight_version == 0
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            p.add_(0.0)
+    save_weights(engine.model, tmp_path / "v1.safetensors")
+    engine.load_weights(1, str(tmp_path / "v1.safetensors"))
+    deadline = time.time() + 10
+    while engine.weight_version != 1 and time.time() < deadline:
+        time.sleep(0.01)
+    after = engine.submit(GenRequest(prompt, 3, 0.0)).result(30)[0]
+    assert after.weight_version == 1 and after.completion_ids == results[0].completion_ids
+    engine.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+                    reason="the vLLM engine needs a CUDA GPU and `pip install 'actorjet[vllm]'`")
+def test_vllm_engine_matches_the_contract(tmp_path):   # pragma: no cover - GPU machines only
+    from actorjet.models.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(str(zoo.tiny_arith(0)), dtype="float32", gpu_memory_utilization=0.2)
+    prompt = engine.tokenizer("12+34=")["input_ids"]
+    res = engine.submit(GenRequest(prompt, 4, 1.0, n=4, seed=1)).result(120)
+    assert len(res) == 4 and all(len(r.logprobs) == len(r.completion_ids) for r in res)
+    engine.close()
