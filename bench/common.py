@@ -1,0 +1,46 @@
+"""Shared by the benchmarks: an embedded head with real actors, and result tables."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import actorjet  # noqa: F401  - sets thespian's timings first
+from actorjet.job import normalize, prepare, tree_path
+from actorjet.runtime.head import Head
+from actorjet.runtime.spec import load_tree
+from actorjet.runtime.system import free_port
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def start_head(run_dir: Path, job_spec: dict, slots: int = 0, tree: str = "default.toml") -> Head:
+    job = prepare(normalize(job_spec, "bench"))
+    head = Head(run_dir, load_tree(tree_path(tree)), job, port=free_port(), slots=slots)
+    head.start()
+    return head
+
+
+def wait_for_service(head: Head, model: str, kind: str, timeout_s: float = 60.0) -> str:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        url = head.status().get("services", {}).get(model, {}).get(kind)
+        if url:
+            return url
+        time.sleep(0.2)
+    raise RuntimeError(f"{model}/{kind} did not come up")
+
+
+def table(rows: list[tuple], header: tuple) -> None:
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+
+
+def write(name: str, data: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2))
+    print(f"wrote {path}")
+    return path
