@@ -24,7 +24,7 @@ MODEL_DEFAULTS = {
     "dtype": "float32", "trainable": True, "lr": 1e-4, "clip": 0.2, "kl": 0.0, "grad_clip": 1.0,
     "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
     "eval_max_tokens": 8, "default_max_tokens": 256,
-    "threads": 1,   # torch threads per engine/learner process: more oversubscribes small CPUs
+    "threads": 0,   # torch threads per engine/learner process; 0 = auto (see models/threads.py)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}

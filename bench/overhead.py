@@ -4,7 +4,7 @@
 
 Swarm:    embedded head + 2 runner processes; the agent (agents/arithmetic.py) calls the
           gateway with the openai SDK; merger → learner; steady-state seconds per step.
-Baseline: one process, same model, batch (32 groups × 8), learning rate and seed:
+Baseline: one process, same model, batch (groups × 8), task, learning rate and seed:
           direct batched sampling with the learner's own weights, rewards, GRPO step.
 Target:   swarm step ≤ 1.5x the baseline step.  Writes bench/results/overhead.json.
 """
@@ -21,13 +21,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import start_head, table, write  # noqa: E402
 
-GROUPS, GROUP_SIZE, LR, SEED = 32, 8, 1e-4, 0
+GROUP_SIZE, LR, SEED = 8, 1e-4, 0
+TASKS = {"tiny-arith": "agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
 
 
-def swarm_step_time(model: str, steps: int, warmup: int) -> float:
+def swarm_step_time(model: str, groups: int, steps: int, warmup: int) -> float:
+    source = TASKS.get(model, "digits_task")
     job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6,
                        "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
-           "train": {"group_size": GROUP_SIZE, "groups_per_step": GROUPS, "steps": steps + warmup,
+           "tasks": [{"name": "bench", "source": source, "behavior": f"{source}:behavior"}],
+           "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
                      "seed": SEED, "runner_concurrency": 64}}
     with tempfile.TemporaryDirectory() as tmp:
         head = start_head(Path(tmp), job, slots=2)
@@ -48,7 +51,9 @@ def swarm_step_time(model: str, steps: int, warmup: int) -> float:
     return (t[warmup + steps - 1] - t[warmup - 1]) / steps
 
 
-def baseline_step_time(model: str, steps: int, warmup: int) -> float:
+def baseline_step_time(model: str, groups: int, steps: int, warmup: int) -> float:
+    import importlib
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -56,26 +61,26 @@ def baseline_step_time(model: str, steps: int, warmup: int) -> float:
     from actorjet.job import normalize, prepare
     from actorjet.models.engine import GenRequest, TransformersEngine
     from actorjet.models.grpo import GRPOConfig, grpo_step
-    from agents import arithmetic
-
+    task_module = importlib.import_module(TASKS.get(model, "digits_task"))
+    max_tokens = getattr(task_module, "MAX_TOKENS", 4)
     path = prepare(normalize({"models": [{"name": "policy", "source": model}]}))["models"][0]["path"]
     torch.manual_seed(SEED)
     tok = AutoTokenizer.from_pretrained(path)
     policy = AutoModelForCausalLM.from_pretrained(path)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0)
     engine = TransformersEngine(model=policy, tokenizer=tok, start_thread=False, seed=SEED)
-    tasks = arithmetic.tasks(SEED)
+    tasks = task_module.tasks(SEED)
     times = []
     for _ in range(steps + warmup):
         t0 = time.perf_counter()
-        group_tasks = [next(tasks) for _ in range(GROUPS)]
-        prompts = [tok(tok.apply_chat_template(arithmetic.messages(t), add_generation_prompt=True, tokenize=False),
+        group_tasks = [next(tasks) for _ in range(groups)]
+        prompts = [tok(tok.apply_chat_template(task_module.messages(t), add_generation_prompt=True, tokenize=False),
                        add_special_tokens=False)["input_ids"] for t in group_tasks]
         policy.eval()
-        outs = engine.generate([GenRequest(p, 4, 1.0, n=GROUP_SIZE) for p in prompts])
+        outs = engine.generate([GenRequest(p, max_tokens, 1.0, n=GROUP_SIZE) for p in prompts])
         samples = []
         for task, prompt, results in zip(group_tasks, prompts, outs):
-            rewards = {k: arithmetic.score(task, tok.decode(r.completion_ids, skip_special_tokens=True))
+            rewards = {k: task_module.score(task, tok.decode(r.completion_ids, skip_special_tokens=True))
                        for k, r in enumerate(results)}
             if len(set(rewards.values())) < 2:
                 continue
@@ -94,14 +99,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model", default="tiny-arith")
+    ap.add_argument("--groups", type=int, default=32, help="GRPO groups of 8 per step (default 32)")
     args = ap.parse_args()
-    swarm = swarm_step_time(args.model, args.steps, args.warmup)
-    base = baseline_step_time(args.model, args.steps, args.warmup)
+    swarm = swarm_step_time(args.model, args.groups, args.steps, args.warmup)
+    base = baseline_step_time(args.model, args.groups, args.steps, args.warmup)
     ratio = swarm / base
     table([("one process, direct generate", f"{base:.3f}"), ("swarm (gateway+runners+merger+learner)", f"{swarm:.3f}"),
            ("ratio", f"{ratio:.2f}x (target <= 1.5x)")], ("setup", "s/step"))
     write(f"overhead-{args.model}" if args.model != "tiny-arith" else "overhead",
-          {"model": args.model, "groups": GROUPS, "group_size": GROUP_SIZE, "steps": args.steps,
+          {"model": args.model, "groups": args.groups, "group_size": GROUP_SIZE, "steps": args.steps,
            "baseline_s_per_step": base, "swarm_s_per_step": swarm, "ratio": ratio, "target": "<= 1.5x"})
 
 

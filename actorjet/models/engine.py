@@ -5,8 +5,7 @@ may have its own temperature, top_p, length, stop strings and seed, and training
 the exact log-probability of every sampled token.  The loop is short: left-pad the
 prompts, run the prompt once, then one token per step with the KV cache.
 
-Requests that arrive within ``window_s`` of each other are generated together (up to
-``max_batch`` sequences).  New weights are applied between batches, never inside one,
+Requests that arrive close together are generated together (dynamic batching, below).  New weights are applied between batches, never inside one,
 and every result says which weight version produced it.
 
 Logprobs are taken under softmax(logits / temperature) — the distribution that was
@@ -46,12 +45,14 @@ class GenResult:
 
 
 class BatchingEngine:
-    """Requests that arrive within ``window_s`` are generated together (up to ``max_batch``
-    sequences) in one background thread; weights change only between batches.
+    """Requests that arrive within ``window_s`` of each other (for at most ``max_wait_s``)
+    are generated together, up to ``max_batch`` sequences, in one background thread;
+    weights change only between batches.
     Subclasses implement ``_generate(reqs)`` and ``_load(path)``."""
 
-    def _start_batching(self, max_batch: int, window_s: float, start_thread: bool) -> None:
-        self.max_batch, self.window_s = max_batch, window_s
+    def _start_batching(self, max_batch: int, window_s: float, start_thread: bool,
+                        max_wait_s: float = 0.05) -> None:
+        self.max_batch, self.window_s, self.max_wait_s = max_batch, window_s, max_wait_s
         self.weight_version = 0
         self._pending_weights: tuple[int, str] | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -90,11 +91,15 @@ class BatchingEngine:
         while not self._closed:
             item = self._queue.get()
             batch = [item] if item is not None else []
-            deadline = time.monotonic() + self.window_s
+            # Dynamic batching: keep collecting while requests keep coming (each within
+            # window_s of the last), for at most max_wait_s: a burst from many agents lands
+            # in one batch instead of a small first batch and a long queue behind it.
+            cap = time.monotonic() + self.max_wait_s
             size = sum(r.n for r, _ in batch)
             while size < self.max_batch:
+                timeout = min(self.window_s, cap - time.monotonic())
                 try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    item = self._queue.get(timeout=max(0.0, timeout))
                 except queue.Empty:
                     break
                 if item is not None:

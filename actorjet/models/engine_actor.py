@@ -49,10 +49,10 @@ class Engine(ManagedActor):
         job = self.context["job"]
         self.model = self.args["model"]
         cfg = model_config(job, self.model)
-        if cfg["device"] == "cpu":
-            import torch
-            torch.set_num_threads(cfg["threads"])
         self.engine = make_engine(cfg, job["train"]["seed"])
+        if cfg["engine"] == "transformers":
+            from actorjet.models import threads
+            threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
         self.server = AppServer(engine_app(self.engine))
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
 

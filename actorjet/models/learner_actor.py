@@ -17,6 +17,7 @@ import torch
 from actorjet import metrics
 from actorjet.job import model_config
 from actorjet.models.evaluate import greedy_accuracy, has_eval
+from actorjet.models import threads
 from actorjet.models.grpo import GRPOConfig, grpo_step
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -40,11 +41,10 @@ class Learner(ManagedActor):
         self.train_cfg = job["train"]
         self.run_dir = Path(self.context["run_dir"])
         torch.manual_seed(self.train_cfg["seed"])
-        if self.cfg["device"] == "cpu":
-            torch.set_num_threads(self.cfg["threads"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
         self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], dtype=torch.float32)
         self.model.to(self.cfg["device"])
+        threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
         self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
@@ -84,8 +84,10 @@ class Learner(ManagedActor):
             else:
                 samples.append(s)
         staleness = [self.version - min(v for v in s["versions"] if v >= 0) for s in samples]
+        t_train = time.perf_counter()
         info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
             if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+        t_publish = time.perf_counter()
         self.step += 1
         self.version += 1
         path = self.weights_dir / f"v{self.version:06d}.safetensors"
@@ -101,6 +103,7 @@ class Learner(ManagedActor):
                   "episodes": msg.stats.get("episodes"), "zero_variance_groups": msg.stats.get("zero_variance_groups"),
                   "stale_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
                   "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
+                  "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
                   "batch_wait_s": time.time() - msg.stats.get("created", time.time()),
                   **{k: v for k, v in info.items() if k != "skipped"}}
         for key in ("calls", "context"):
