@@ -25,9 +25,9 @@ GROUP_SIZE, LR, SEED = 8, 1e-4, 0
 TASKS = {"tiny-arith": "agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
 
 
-def swarm_step_time(model: str, groups: int, steps: int, warmup: int) -> float:
+def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: str) -> float:
     source = TASKS.get(model, "digits_task")
-    job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6,
+    job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6, "device": device,
                        "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
            "tasks": [{"name": "bench", "source": source, "behavior": f"{source}:behavior"}],
            "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
@@ -51,7 +51,7 @@ def swarm_step_time(model: str, groups: int, steps: int, warmup: int) -> float:
     return (t[warmup + steps - 1] - t[warmup - 1]) / steps
 
 
-def baseline_step_time(model: str, groups: int, steps: int, warmup: int) -> float:
+def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device: str) -> float:
     import importlib
 
     import torch
@@ -66,9 +66,9 @@ def baseline_step_time(model: str, groups: int, steps: int, warmup: int) -> floa
     path = prepare(normalize({"models": [{"name": "policy", "source": model}]}))["models"][0]["path"]
     torch.manual_seed(SEED)
     tok = AutoTokenizer.from_pretrained(path)
-    policy = AutoModelForCausalLM.from_pretrained(path)
+    policy = AutoModelForCausalLM.from_pretrained(path).to(device)
     opt = torch.optim.AdamW(policy.parameters(), lr=LR, weight_decay=0.0)
-    engine = TransformersEngine(model=policy, tokenizer=tok, start_thread=False, seed=SEED)
+    engine = TransformersEngine(model=policy, tokenizer=tok, start_thread=False, seed=SEED, device=device)
     tasks = task_module.tasks(SEED)
     times = []
     for _ in range(steps + warmup):
@@ -100,14 +100,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--groups", type=int, default=32, help="GRPO groups of 8 per step (default 32)")
+    ap.add_argument("--device", default="cpu", help="where engine and learner run: cpu or cuda")
     args = ap.parse_args()
-    swarm = swarm_step_time(args.model, args.groups, args.steps, args.warmup)
-    base = baseline_step_time(args.model, args.groups, args.steps, args.warmup)
+    swarm = swarm_step_time(args.model, args.groups, args.steps, args.warmup, args.device)
+    base = baseline_step_time(args.model, args.groups, args.steps, args.warmup, args.device)
     ratio = swarm / base
     table([("one process, direct generate", f"{base:.3f}"), ("swarm (gateway+runners+merger+learner)", f"{swarm:.3f}"),
            ("ratio", f"{ratio:.2f}x (target <= 1.5x)")], ("setup", "s/step"))
-    write(f"overhead-{args.model}" if args.model != "tiny-arith" else "overhead",
-          {"model": args.model, "groups": args.groups, "group_size": GROUP_SIZE, "steps": args.steps,
+    name = "overhead" + ("" if args.model == "tiny-arith" else f"-{args.model}") + \
+        ("" if args.device == "cpu" else f"-{args.device}")
+    write(name, {"model": args.model, "device": args.device, "cpus": __import__("os").cpu_count(), "groups": args.groups, "group_size": GROUP_SIZE, "steps": args.steps,
            "baseline_s_per_step": base, "swarm_s_per_step": swarm, "ratio": ratio, "target": "<= 1.5x"})
 
 

@@ -98,8 +98,9 @@ def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: in
     optimizer.zero_grad(set_to_none=True)
     total, totals = 0.0, {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0}
     seq_tokens = 0
+    device = next(model.parameters()).device
     for chunk in micro_batches(samples, cfg.micro_batch_tokens):
-        batch = pad(chunk, pad_id)
+        batch = {k: v.to(device) for k, v in pad(chunk, pad_id).items()}
         if prepare is not None:
             batch = prepare(chunk, batch)
         seq_tokens += int(batch["attention_mask"].sum())

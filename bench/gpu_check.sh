@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU checks, as run on a lent GPU machine (no network there: dependencies missing from
+# its image travel as wheels in .whl/, see docs/architecture.md "GPU path").
+#   bash bench/gpu_check.sh   → engine/gateway/learner tests on CUDA + overhead benchmarks
+set -u
+export PYTHONUNBUFFERED=1 ACTORJET_TEST_DEVICE=cuda
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=$PWD:/tmp/site || exit 1
+nvidia-smi -L; nproc
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+timeout 180 python3 -m pytest -q -rs -p no:cacheprovider tests/test_engines.py tests/test_gateway.py tests/test_learner.py 2>&1 | tail -6
+timeout 200 python3 bench/overhead.py --steps 20 --device cuda 2>&1 | tail -6
+timeout 200 python3 bench/overhead.py --steps 20 --device cpu 2>&1 | tail -6
+mkdir -p "${OUT:-/tmp/out}" && cp bench/results/*.json "${OUT:-/tmp/out}/"
