@@ -3,7 +3,7 @@
 # its image travel as wheels in .whl/, see docs/architecture.md "GPU path").
 #   bash bench/gpu_check.sh   → engine/gateway/learner tests on CUDA + overhead benchmarks
 set -u
-export PYTHONUNBUFFERED=1 ACTORJET_TEST_DEVICE=cuda
+export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$PWD:/tmp/site || exit 1
 nvidia-smi -L; nproc

@@ -40,3 +40,23 @@ def test_vllm_engine_matches_the_contract(tmp_path):   # pragma: no cover - GPU 
     res = engine.submit(GenRequest(prompt, 4, 1.0, n=4, seed=1)).result(120)
     assert len(res) == 4 and all(len(r.logprobs) == len(r.completion_ids) for r in res)
     engine.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU machines only
+    from transformers import AutoModelForCausalLM
+
+    from actorjet.context.samples import call_sample
+    from actorjet.models.grpo import GRPOConfig, grpo_step
+
+    path = zoo.tiny_arith(0)
+    engine = TransformersEngine(path, device="cuda")
+    prompt = engine.tokenizer("12+34=")["input_ids"]
+    results = engine.submit(GenRequest(prompt, 4, 1.0, n=8, seed=2)).result(60)
+    engine.close()
+    model = AutoModelForCausalLM.from_pretrained(path).to("cuda")
+    samples = [call_sample({"prompt_ids": prompt, "completion_ids": r.completion_ids, "logprobs": r.logprobs,
+                            "temperature": 1.0, "weight_version": 0}, float(k % 2) - 0.5)
+               for k, r in enumerate(results)]
+    info = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), samples, GRPOConfig(), 0)
+    assert info["tokens"] == sum(len(r.completion_ids) for r in results) and info["grad_norm"] > 0
