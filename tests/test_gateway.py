@@ -139,3 +139,27 @@ def test_keys_closed_episodes_and_raw_http_errors(served):
     status, _ = http(server.url + "/internal/collect", {"episodes": []})
     assert status == 403
     assert http(server.url + "/healthz")[1]["ok"] is True
+
+
+def test_tool_calls_are_parsed_in_the_openai_shape():
+    from actorjet.models.openai_api import split_tool_calls
+
+    text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    content, calls = split_tool_calls(text)
+    assert content == "Let me add."
+    assert calls[0]["type"] == "function" and calls[0]["function"]["name"] == "add"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    assert split_tool_calls("no tools here") == ("no tools here", [])
+    assert split_tool_calls("<tool_call>{broken</tool_call>")[1] == []
+
+
+def test_tools_are_accepted_and_recorded(served):
+    gw, server = served
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    reply = client(server, "ep9").chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "1+1="}], tools=tools, max_tokens=3, temperature=0)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert gw.store.collect(["ep9"])["ep9"][0]["tools"] == tools
+    with pytest.raises(openai.BadRequestError):
+        client(server, "ep10").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "1+1="}], tools=[{"type": "function"}])

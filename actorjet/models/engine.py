@@ -153,7 +153,7 @@ class TransformersEngine(BatchingEngine):
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
         # transformers renamed `past_key_values` to `cache` in 5.x; support both.
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._start_batching(max_batch, window_s, start_thread)
 
     def _eos_ids(self) -> list[int]:
@@ -186,8 +186,8 @@ class TransformersEngine(BatchingEngine):
         temps = torch.tensor([reqs[i].temperature for i, _ in rows], device=self.device)
         top_ps = [reqs[i].top_p for i, _ in rows]
         limits = [min(reqs[i].max_tokens, self.max_len - len(p)) for (i, _), p in zip(rows, prompts)]
-        gens = [torch.Generator().manual_seed(reqs[i].seed + k) if reqs[i].seed is not None else None
-                for i, k in rows]
+        gens = [torch.Generator(device=self.device).manual_seed(reqs[i].seed + k)
+                if reqs[i].seed is not None else None for i, k in rows]
         out_ids: list[list[int]] = [[] for _ in rows]
         out_lp: list[list[float]] = [[] for _ in rows]
         finish: list[str | None] = [None] * B

@@ -141,10 +141,15 @@ class Registry(ManagedActor):
         self.restarts = dict(msg.counts)
 
     def receiveMsg_GetStatus(self, msg: m.GetStatus, sender):
+        runners = []
+        for r in self.runners:
+            versions = self.desk.runner_versions.get(r["id"], {})
+            behavior, version = next(iter(versions.items()), ("", None))
+            runners.append({**r, "behavior": behavior, "version": version})
         data = {"head_epoch": self.epoch,
                 "nodes": [n.public() for n in self.table.nodes.values()],
                 "nodes_lost": self.table.lost_count,
-                "runners": self.runners,
+                "runners": runners,
                 "restarts": self.restarts}
         data.update(self.desk.status())
         self.send(sender, m.Status(data))
