@@ -81,3 +81,15 @@ def test_group_advantages_and_reward_routing():
     assert reward_for({"solver": 1.0, "default": 0.2}, "m", "solver") == 1.0
     assert reward_for({"m": 0.7}, "m", "critic") == 0.7
     assert reward_for({"other": 1}, "m", "x") is None
+
+
+def test_kl_to_the_reference_is_zero_at_start_and_grows_after_updates(model_dir):
+    calls = sampled_calls(model_dir)
+    samples = [call_sample(c, (-1.0) ** k) for k, c in enumerate(calls)]
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = GRPOConfig(kl=0.1)
+    first = grpo_step(model, opt, samples, cfg, pad_id=0, ref_model=ref)
+    second = grpo_step(model, opt, samples, cfg, pad_id=0, ref_model=ref)
+    assert abs(first["kl"]) < 1e-6 and second["kl"] > 1e-6

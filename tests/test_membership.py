@@ -139,3 +139,24 @@ def test_stale_system_of_a_crashed_head_is_cleaned_up_then_stop_works(swarm, tmp
     assert stop.wait_exit(60) == 0, stop.output
     assert head2.wait_exit(30) == 0
     wait_until(lambda: not system.system_processes(port), 15, what="head system gone after stop")
+
+
+def test_status_prints_a_table_and_the_documented_json_keys(swarm, tmp_path, trees):
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(trees / "nodes.toml"))
+    swarm.join(port, token, "alpha")
+    wait_until(lambda: placed(port) == "alpha", 15, what="runner placed")
+    from swarm import Proc
+    as_json = Proc(["status", "--run-dir", str(run), "--json"], swarm.env)
+    assert as_json.wait_exit(60) == 0, as_json.output
+    import json
+    data = json.loads(as_json.output)
+    assert {"nodes", "runners", "models", "behaviors", "episodes", "restarts"} <= set(data)
+    assert {"node_id", "name", "alive", "slots"} <= set(data["nodes"][0])
+    assert {"id", "node_id", "behavior", "version", "state"} <= set(data["runners"][0])
+    assert {"completed", "aborted", "in_flight", "trained"} <= set(data["episodes"])
+    table = Proc(["status", "--run-dir", str(run)], swarm.env)
+    assert table.wait_exit(60) == 0
+    assert "alpha" in table.output and "runner-0" in table.output
+    missing = Proc(["status", "--head", "127.0.0.1:1"], swarm.env)
+    assert missing.wait_exit(60) == 2 and "no ActorJet system is listening" in missing.output
