@@ -79,7 +79,7 @@ def grpo_loss(model, batch: dict, cfg: GRPOConfig, n_tokens: float, ref_model=No
         log_ratio = ref - new
         kl = torch.exp(log_ratio) - log_ratio - 1
         per_token = per_token + cfg.kl * kl
-        kl_value = float((kl * mask).sum())
+        kl_value = float((kl.detach() * mask).sum())
     loss = (per_token * mask).sum() / n_tokens
     with torch.no_grad():
         dev = (ratio - 1).abs()
