@@ -24,6 +24,7 @@ MODEL_DEFAULTS = {
     "dtype": "float32", "trainable": True, "lr": 1e-4, "clip": 0.2, "kl": 0.0, "grad_clip": 1.0,
     "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
     "eval_max_tokens": 8, "default_max_tokens": 256,
+    "merge": "auto",   # context tracker: none | prefix | tree | auto (the best the model supports)
     "threads": 0,   # torch threads per engine/learner process; 0 = auto (see models/threads.py)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
@@ -66,6 +67,8 @@ def normalize(data: dict, where: str = "job") -> dict:
     if len(set(names)) != len(names):
         raise UserError(f"{where}: model names must be unique, got {names}")
     for m in job["models"]:
+        if m["merge"] not in ("auto", "none", "prefix", "tree"):
+            raise UserError(f"{where}: model {m['name']!r}: merge must be auto, none, prefix or tree")
         if m["engine"] not in ("transformers", "vllm"):
             raise UserError(f"{where}: model {m['name']!r}: engine must be transformers or vllm")
     t = job["train"]

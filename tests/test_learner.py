@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from actorjet.context.samples import call_sample, group_advantages, reward_for
 from actorjet.models import zoo
 from actorjet.models.engine import GenRequest, TransformersEngine
-from actorjet.models.grpo import GRPOConfig, grpo_step, micro_batches, pad, token_logprobs
+from actorjet.models.grpo import GRPOConfig, collate, grpo_step, micro_batches, term_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +26,16 @@ def sampled_calls(model_dir, n=8):
 
 
 def seq_logprob(model, sample):
-    batch = pad([sample], 0)
     with torch.no_grad():
-        lp = token_logprobs(model, batch)
-    return float((lp * batch["loss_mask"]).sum())
+        return float(term_logprobs(model, collate([sample], 0)).sum())
 
 
 def test_recorded_logprobs_match_the_learner(model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     for call in sampled_calls(model_dir):
-        sample = call_sample(call, 1.0)
-        batch = pad([sample], 0)
         with torch.no_grad():
-            lp = token_logprobs(model, batch)[0]
-        recorded = torch.tensor(sample["old_logprobs"])
-        mask = batch["loss_mask"][0].bool()
-        assert torch.allclose(lp[mask], recorded[mask], atol=1e-4)
+            lp = term_logprobs(model, collate([call_sample(call, 1.0)], 0))
+        assert torch.allclose(lp, torch.tensor(call["logprobs"]), atol=1e-4)
 
 
 def test_a_step_moves_logprobs_in_the_direction_of_the_advantages(model_dir):

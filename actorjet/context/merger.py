@@ -2,8 +2,9 @@
 
 For every group the registry reports done, it collects the recorded calls from each
 model's gateway (over HTTP: the data plane), credits each call with its episode's
-group-normalized advantage for that model/role, turns calls into samples, and once
-``groups_per_step`` groups are in, writes a batch file and tells that model's learner.
+group-normalized advantage for that model/role, and once ``groups_per_step`` groups are
+in, packs the calls (context.merge = none | prefix | tree, see pack.py), writes a batch
+file and tells that model's learner.
 Groups whose rewards do not vary carry no GRPO signal; they are counted, not trained.
 """
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from actorjet.context.samples import call_sample, group_advantages, reward_for
+from actorjet.context import pack
+from actorjet.context.samples import group_advantages, reward_for
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -29,10 +31,25 @@ def collect_calls(gateway_url: str, token: str, episode_ids: list[str]) -> dict[
         return json.loads(resp.read())
 
 
+def merge_mode(model_cfg: dict) -> str:
+    """``auto`` = the best the model supports: tree packing needs an attention implementation
+    that takes a 4D mask (sdpa, eager); flash-attention models fall back to prefix merging."""
+    mode = model_cfg.get("merge", "auto")
+    if mode != "auto":
+        return mode
+    try:
+        config = json.loads((Path(model_cfg["path"]) / "config.json").read_text())
+    except (OSError, KeyError, json.JSONDecodeError):
+        return "prefix"
+    return "prefix" if "flash" in str(config.get("_attn_implementation", "")) else "tree"
+
+
 class Merger(ManagedActor):
     def on_init(self) -> None:
         train = self.context["job"]["train"]
         self.groups_per_step = train["groups_per_step"]
+        self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
+        self.tree_max_tokens = 4096
         self.services: dict = {}
         self.pending: dict[str, dict] = {}     # model → {"samples": [...], "groups": n, "stats": {...}}
         self.batches = 0
@@ -61,8 +78,8 @@ class Merger(ManagedActor):
             self._add(model, group, calls, rewards)
 
     def _add(self, model: str, group: dict, calls: dict[str, list[dict]], rewards: dict) -> None:
-        batch = self.pending.setdefault(model, {"samples": [], "groups": 0, "episodes": 0,
-                                                "rewards": [], "zero_variance_groups": 0, "calls": 0})
+        batch = self.pending.setdefault(model, {"calls": [], "groups": 0, "episodes": 0,
+                                                "rewards": [], "zero_variance_groups": 0})
         batch["groups"] += 1
         batch["episodes"] += len(rewards)
         credited = {}
@@ -76,8 +93,7 @@ class Merger(ManagedActor):
             advantages = group_advantages(credited)
             for episode_id, episode_calls in calls.items():
                 if episode_id in advantages:
-                    batch["calls"] += len(episode_calls)
-                    batch["samples"] += [call_sample(c, advantages[episode_id]) for c in episode_calls]
+                    batch["calls"] += [(c, advantages[episode_id]) for c in episode_calls]
         else:
             batch["zero_variance_groups"] += 1
         if batch["groups"] >= self.groups_per_step:
@@ -88,11 +104,12 @@ class Merger(ManagedActor):
         learner = self.services.get(model, {}).get("learner")
         self.batches += 1
         path = self.out_dir / f"{model}-{self.batches:06d}.pt"
-        rewards = batch.pop("rewards")
-        stats = {k: v for k, v in batch.items() if k != "samples"}
-        stats.update(reward_mean=sum(rewards) / max(1, len(rewards)), sequences=len(batch["samples"]),
-                     created=time.time())
-        torch.save({"model": model, "samples": batch["samples"], "stats": stats}, path)
+        rewards, calls = batch.pop("rewards"), batch.pop("calls")
+        mode = self.merge_modes.get(model, "none")
+        packed = pack.pack(calls, mode, max_tokens=self.tree_max_tokens)
+        stats = dict(batch, **pack.stats(calls, packed), merge=mode, sequences=len(packed),
+                     reward_mean=sum(rewards) / max(1, len(rewards)), created=time.time())
+        torch.save({"model": model, "samples": [p.to_dict() for p in packed], "stats": stats}, path)
         if learner is None:
             log.error("batch %s written but model %s has no learner", path, model)
             return

@@ -1,14 +1,7 @@
-"""Training samples: the one format the merger writes and the learner reads.
+"""Rewards → advantages → training samples.
 
-A sample is a token sequence with per-position arrays:
-    input_ids      the tokens
-    loss_mask      1 where the token was sampled by the policy (a completion token)
-    old_logprobs   the engine's logprob of that token when it was sampled
-    advantages     the advantage credited to that token
-    temperatures   the temperature it was sampled at (logprobs are recomputed at it)
-    versions       the weight version that produced it (-1 on prompt tokens)
-Unmerged, one LLM call becomes one sample; the context tracker (actorjet/context/)
-merges calls into fewer, longer samples in this same format.
+Samples are packed samples (actorjet/context/pack.py): unmerged, one LLM call is one
+sample; the context tracker merges calls into fewer, longer ones in the same format.
 """
 from __future__ import annotations
 
@@ -34,13 +27,7 @@ def group_advantages(rewards: dict[str, float]) -> dict[str, float]:
 
 
 def call_sample(call: dict, advantage: float) -> dict:
-    """One recorded call as one sample (no merging)."""
-    n_prompt, n_out = len(call["prompt_ids"]), len(call["completion_ids"])
-    return {
-        "input_ids": list(call["prompt_ids"]) + list(call["completion_ids"]),
-        "loss_mask": [0] * n_prompt + [1] * n_out,
-        "old_logprobs": [0.0] * n_prompt + list(call["logprobs"]),
-        "advantages": [0.0] * n_prompt + [advantage] * n_out,
-        "temperatures": [1.0] * n_prompt + [call["temperature"] if call["temperature"] > 0 else 1.0] * n_out,
-        "versions": [-1] * n_prompt + [call["weight_version"]] * n_out,
-    }
+    """One recorded call as one training sample (no merging)."""
+    from actorjet.context.pack import pack_none
+
+    return pack_none([(call, advantage)])[0].to_dict()

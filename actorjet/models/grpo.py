@@ -1,11 +1,13 @@
-"""GRPO loss and optimizer step on a list of samples (see actorjet/context/samples.py).
+"""GRPO loss and optimizer step on packed samples (see actorjet/context/pack.py).
 
-Loss per sampled token t:   -min(ratio_t * A_t, clip(ratio_t, 1-ε, 1+ε) * A_t)
-                            + β * KL_t(π || π_ref)           (k3 estimator, optional)
-with ratio_t = exp(logπ(t) - logπ_old(t)) against the logprob recorded by the engine
-(this also corrects for samples from an older weight version), averaged over all
-sampled tokens of the batch (token-mean).  Long batches are split into micro-batches by
-token count; the normalization stays global, so the split does not change the gradient.
+Loss per sampled token (a *term*):  -min(ratio * A, clip(ratio, 1-ε, 1+ε) * A)
+                                     + β * KL(π || π_ref)            (k3 estimator, optional)
+with ratio = exp(logπ - logπ_old) against the logprob recorded by the engine (this also
+corrects for samples from an older weight version), averaged over all terms of the batch
+(token-mean).  A term's logprob is read from the logits at its predecessor's position
+(``parents``), which is the previous position in a plain sequence and the parent node in
+a packed tree.  Batches are split into micro-batches by token count; the normalization
+stays global, so the split does not change the gradient.
 """
 from __future__ import annotations
 
@@ -22,33 +24,46 @@ class GRPOConfig:
     micro_batch_tokens: int = 16384
 
 
-def pad(samples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.Tensor]:
+    """Pad packed samples into tensors; a tree attention mask only when some sample needs one."""
     width = max(len(s["input_ids"]) for s in samples)
+    B = len(samples)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((B, width), dtype=torch.long)
+    for b, s in enumerate(samples):
+        ids[b, :len(s["input_ids"])] = torch.tensor(s["input_ids"])
+        pos[b, :len(s["position_ids"])] = torch.tensor(s["position_ids"])
+    if all(s["linear"] for s in samples):
+        mask = torch.zeros((B, width), dtype=torch.long)
+        for b, s in enumerate(samples):
+            mask[b, :len(s["input_ids"])] = 1
+    else:
+        mask = torch.zeros((B, 1, width, width), dtype=torch.bool)
+        for b, s in enumerate(samples):
+            for i, parent in enumerate(s["parents"]):       # ancestors of i = ancestors of parent + i
+                if parent >= 0:
+                    mask[b, 0, i] = mask[b, 0, parent]
+                mask[b, 0, i, i] = True
+            for i in range(len(s["parents"]), width):        # padding sees itself only
+                mask[b, 0, i, i] = True
+    rows = [(b, s["parents"][t[0]], s["input_ids"][t[0]], *t[1:4])
+            for b, s in enumerate(samples) for t in s["terms"]]
+    out = {"input_ids": ids, "position_ids": pos, "attention_mask": mask,
+           "term_b": torch.tensor([r[0] for r in rows], dtype=torch.long),
+           "term_pred": torch.tensor([r[1] for r in rows], dtype=torch.long),
+           "term_tok": torch.tensor([r[2] for r in rows], dtype=torch.long),
+           "advantages": torch.tensor([r[3] for r in rows], dtype=torch.float32),
+           "old_logprobs": torch.tensor([r[4] for r in rows], dtype=torch.float32),
+           "temperatures": torch.tensor([r[5] for r in rows], dtype=torch.float32)}
+    return {k: v.to(device) for k, v in out.items()}
 
-    def col(key, fill, dtype):
-        return torch.tensor([list(s[key]) + [fill] * (width - len(s[key])) for s in samples], dtype=dtype)
 
-    out = {"input_ids": col("input_ids", pad_id, torch.long),
-           "attention_mask": torch.tensor([[1] * len(s["input_ids"]) + [0] * (width - len(s["input_ids"]))
-                                           for s in samples]),
-           "loss_mask": col("loss_mask", 0, torch.float32),
-           "old_logprobs": col("old_logprobs", 0.0, torch.float32),
-           "advantages": col("advantages", 0.0, torch.float32),
-           "temperatures": col("temperatures", 1.0, torch.float32)}
-    if "position_ids" in samples[0]:
-        out["position_ids"] = col("position_ids", 0, torch.long)
-    return out
-
-
-def token_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """logπ of each token given what precedes it, at its sampling temperature; (B, T), col 0 = 0."""
-    kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_4d", batch["attention_mask"])}
-    if "position_ids" in batch:
-        kwargs["position_ids"] = batch["position_ids"]
-    logits = model(**kwargs).logits[:, :-1].float()
-    logits = logits / batch["temperatures"][:, 1:].unsqueeze(-1)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch["input_ids"][:, 1:].unsqueeze(-1)).squeeze(-1)
-    return torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)
+def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """logπ of every term's token given its ancestors, at its sampling temperature."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"]).logits
+    rows = logits[batch["term_b"], batch["term_pred"]].float() / batch["temperatures"].unsqueeze(-1)
+    return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
 
 
 def micro_batches(samples: list[dict], max_tokens: int) -> list[list[dict]]:
@@ -65,52 +80,45 @@ def micro_batches(samples: list[dict], max_tokens: int) -> list[list[dict]]:
     return chunks
 
 
-def grpo_loss(model, batch: dict, cfg: GRPOConfig, n_tokens: float, ref_model=None) -> tuple[torch.Tensor, dict]:
-    new = token_logprobs(model, batch)
-    mask = batch["loss_mask"]
+def grpo_loss(model, batch: dict, cfg: GRPOConfig, n_terms: float, ref_model=None) -> tuple[torch.Tensor, dict]:
+    new = term_logprobs(model, batch)
     ratio = torch.exp(new - batch["old_logprobs"])
     adv = batch["advantages"]
-    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv)
-    per_token = -surrogate
+    per_term = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv)
     kl_value = 0.0
     if ref_model is not None and cfg.kl > 0:
         with torch.no_grad():
-            ref = token_logprobs(ref_model, batch)
+            ref = term_logprobs(ref_model, batch)
         log_ratio = ref - new
         kl = torch.exp(log_ratio) - log_ratio - 1
-        per_token = per_token + cfg.kl * kl
-        kl_value = float((kl.detach() * mask).sum())
-    loss = (per_token * mask).sum() / n_tokens
+        per_term = per_term + cfg.kl * kl
+        kl_value = float(kl.detach().sum())
+    loss = per_term.sum() / n_terms
     with torch.no_grad():
         dev = (ratio - 1).abs()
-        info = {"clipped": float(((dev > cfg.clip).float() * mask).sum()), "kl": kl_value,
-                "ratio_dev": float((dev * mask).sum())}
+        info = {"clipped": float((dev > cfg.clip).float().sum()), "kl": kl_value, "ratio_dev": float(dev.sum())}
     return loss, info
 
 
-def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: int,
-              ref_model=None, prepare=None) -> dict:
-    """One optimizer step over all samples.  ``prepare`` may add e.g. tree attention masks."""
+def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: int, ref_model=None) -> dict:
+    """One optimizer step over all samples (each a packed sample dict)."""
     model.train()
-    n_tokens = float(sum(sum(s["loss_mask"]) for s in samples))
-    if n_tokens == 0:
+    n_terms = float(sum(len(s["terms"]) for s in samples))
+    if n_terms == 0:
         return {"loss": 0.0, "tokens": 0, "sequences": len(samples), "skipped": True}
     optimizer.zero_grad(set_to_none=True)
-    total, totals = 0.0, {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0}
-    seq_tokens = 0
+    total, totals, seq_tokens = 0.0, {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0}, 0
     device = next(model.parameters()).device
     for chunk in micro_batches(samples, cfg.micro_batch_tokens):
-        batch = {k: v.to(device) for k, v in pad(chunk, pad_id).items()}
-        if prepare is not None:
-            batch = prepare(chunk, batch)
-        seq_tokens += int(batch["attention_mask"].sum())
-        loss, info = grpo_loss(model, batch, cfg, n_tokens, ref_model)
+        batch = collate(chunk, pad_id, device)
+        seq_tokens += sum(len(s["input_ids"]) for s in chunk)
+        loss, info = grpo_loss(model, batch, cfg, n_terms, ref_model)
         loss.backward()
         total += float(loss.detach())
         for k in totals:
             totals[k] += info[k]
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     optimizer.step()
-    return {"loss": total, "tokens": int(n_tokens), "sequence_tokens": seq_tokens, "sequences": len(samples),
-            "grad_norm": float(grad_norm), "clip_frac": totals["clipped"] / n_tokens,
-            "kl": totals["kl"] / n_tokens, "ratio_dev": totals["ratio_dev"] / n_tokens}
+    return {"loss": total, "tokens": int(n_terms), "sequence_tokens": seq_tokens, "sequences": len(samples),
+            "grad_norm": float(grad_norm), "clip_frac": totals["clipped"] / n_terms,
+            "kl": totals["kl"] / n_terms, "ratio_dev": totals["ratio_dev"] / n_terms}

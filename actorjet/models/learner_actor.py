@@ -1,6 +1,6 @@
 """The learner actor: one per trainable model.  Batches in, weight versions out.
 
-Loop, top to bottom:  BatchReady → load the batch file → drop samples staler than
+Loop, top to bottom:  BatchReady → load the batch file → drop sampled tokens staler than
 ``max_staleness`` versions → one GRPO step → save weights as version v+1 → tell the engine
 (LoadWeights) and the registry (Trained) → metrics line → every ``eval_every`` steps a
 held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
@@ -77,13 +77,13 @@ class Learner(ManagedActor):
         t0 = time.perf_counter()
         batch = torch.load(msg.path, weights_only=False)
         samples, stale = [], 0
-        for s in batch["samples"]:
-            oldest = min(v for v in s["versions"] if v >= 0)
-            if self.version - oldest > self.train_cfg["max_staleness"]:
-                stale += 1
-            else:
-                samples.append(s)
-        staleness = [self.version - min(v for v in s["versions"] if v >= 0) for s in samples]
+        floor = self.version - self.train_cfg["max_staleness"]
+        for s in batch["samples"]:          # drop sampled tokens that are too old, keep the rest
+            fresh = [t for t in s["terms"] if t[4] >= floor]
+            stale += len(s["terms"]) - len(fresh)
+            if fresh:
+                samples.append(dict(s, terms=fresh))
+        staleness = [self.version - t[4] for s in samples for t in s["terms"]]
         t_train = time.perf_counter()
         info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
             if samples else {"tokens": 0, "sequences": 0, "skipped": True}
@@ -101,14 +101,13 @@ class Learner(ManagedActor):
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
                   "reward_mean": msg.stats.get("reward_mean"), "groups": msg.groups,
                   "episodes": msg.stats.get("episodes"), "zero_variance_groups": msg.stats.get("zero_variance_groups"),
-                  "stale_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
+                  "stale_tokens_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
                   "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
                   "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
                   "batch_wait_s": time.time() - msg.stats.get("created", time.time()),
                   **{k: v for k, v in info.items() if k != "skipped"}}
-        for key in ("calls", "context"):
-            if key in msg.stats:
-                record[key] = msg.stats[key]
+        record.update({k: msg.stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
+                                                  "tokens_before", "tokens_after", "token_ratio") if k in msg.stats})
         metrics.append(self.run_dir, record)
         Path(msg.path).unlink(missing_ok=True)
         if self.step % self.cfg["eval_every"] == 0 or done:
