@@ -1,0 +1,128 @@
+"""The context tracker is exact: merged/packed sequences give the same per-token logprobs
+and the same gradient as training on every call separately, and each sampled token is
+trained exactly once.  Random episodes come from hypothesis."""
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
+
+from actorjet.context.pack import full_ids, pack
+from actorjet.models import zoo
+from actorjet.models.grpo import GRPOConfig, collate, grpo_step, term_logprobs
+
+VOCAB = range(4, 21)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(zoo.tiny_arith(0)).eval()
+
+
+def call(prompt, completion, role="a", model="m", episode="e", index=0, temperature=1.0, version=0, rng=None):
+    rng = rng or random.Random(len(prompt))
+    return {"model": model, "role": role, "episode_id": episode, "call_index": index, "choice": 0,
+            "prompt_ids": list(prompt), "completion_ids": list(completion), "temperature": temperature,
+            "weight_version": version, "logprobs": [-rng.random() for _ in completion]}
+
+
+@st.composite
+def episodes(draw):
+    """Multi-turn chains, retries that drop context, forks, interleaved roles, two models."""
+    rng = random.Random(draw(st.integers(0, 10 ** 6)))
+    tok = lambda n: [rng.choice(VOCAB) for _ in range(n)]  # noqa: E731
+    calls, index = [], 0
+    for _ in range(draw(st.integers(1, 3))):                      # agents / models
+        role, mdl = rng.choice("ab"), rng.choice(["m", "m2"])
+        history = tok(rng.randint(1, 6))
+        for _ in range(draw(st.integers(1, 4))):                  # turns
+            kind = rng.choice(["turn", "turn", "retry", "fork"])
+            completion = tok(rng.randint(1, 4))
+            calls.append(call(history, completion, role, mdl, index=index, temperature=rng.choice([1.0, 0.7]),
+                              rng=rng))
+            index += 1
+            if kind == "turn":        # the next prompt continues this timeline
+                history = history + completion + tok(rng.randint(0, 3))
+            elif kind == "fork":      # a sibling sample from the same prompt
+                calls.append(call(history, tok(rng.randint(1, 4)), role, mdl, index=index, rng=rng))
+                index += 1
+            # retry: context rolled back, the next call reuses `history` unchanged
+    return [(c, rng.uniform(-1, 1)) for c in calls]
+
+
+def by_model(calls):
+    out = {}
+    for c, adv in calls:
+        out.setdefault(c["model"], []).append((c, adv))
+    return out
+
+
+def reference_terms(model_, calls):
+    """Each call alone: the logprob of each of its completion tokens, keyed by identity."""
+    out = {}
+    for c, _ in calls:
+        ids = torch.tensor([full_ids(c)])
+        with torch.no_grad():
+            logits = model_(input_ids=ids).logits[0].float()
+        n = len(c["prompt_ids"])
+        for k, tok in enumerate(c["completion_ids"]):
+            lp = torch.log_softmax(logits[n + k - 1] / c["temperature"], -1)[tok]
+            out[(id(c), k)] = float(lp)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["prefix", "tree"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=episodes())
+def test_packed_logprobs_equal_unmerged_and_every_token_counts_once(model, mode, calls):
+    for group in by_model(calls).values():
+        packed = [p.to_dict() for p in pack(group, mode)]
+        assert sum(len(p["terms"]) for p in packed) == sum(len(c["completion_ids"]) for c, _ in group)
+        assert sum(len(p["input_ids"]) for p in packed) <= sum(len(full_ids(c)) for c, _ in group)
+        with torch.no_grad():
+            got = sorted(float(x) for p in packed for x in term_logprobs(model, collate([p], 0)))
+        want = sorted(reference_terms(model, group).values())
+        assert max(abs(a - b) for a, b in zip(got, want)) <= 1e-5
+        # the recorded logprobs and advantages travel with their tokens
+        assert sorted((t[1], t[2]) for p in packed for t in p["terms"]) == \
+            sorted((adv, lp) for c, adv in group for lp in c["logprobs"])
+
+
+def gradient(model_dir, samples):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, GRPOConfig(grad_clip=1e9), 0)
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+@settings(max_examples=8, deadline=None)
+@given(calls=episodes())
+def test_gradient_is_the_same_for_none_prefix_and_tree(calls):
+    model_dir = zoo.tiny_arith(0)
+    group = by_model(calls)["m"] if "m" in by_model(calls) else next(iter(by_model(calls).values()))
+    grads = {mode: gradient(model_dir, [p.to_dict() for p in pack(group, mode)]) for mode in ("none", "prefix", "tree")}
+    assert (grads["prefix"] - grads["none"]).abs().max() <= 1e-5
+    assert (grads["tree"] - grads["none"]).abs().max() <= 1e-5
+
+
+def test_a_multi_turn_chain_collapses_to_one_sequence_and_a_group_shares_its_prompt():
+    turn1 = call([5, 6, 7], [8, 9], index=0)
+    turn2 = call([5, 6, 7, 8, 9, 10], [11], index=1)
+    turn3 = call([5, 6, 7, 8, 9, 10, 11, 12], [13, 14], index=2)
+    chain = [(turn1, 1.0), (turn2, 1.0), (turn3, 1.0)]
+    prefix = pack(chain, "prefix")
+    assert len(prefix) == 1 and prefix[0].input_ids == full_ids(turn3) and len(prefix[0].terms) == 5
+    group = [(call([5, 6, 7, 8], [9 + k, 10]), float(k)) for k in range(8)]
+    tree = pack(group, "tree")
+    assert len(tree) == 1 and len(tree[0].input_ids) == 4 + 8 * 2 and not tree[0].linear
+    assert len(pack(group, "prefix")) == 8      # siblings are not prefixes of each other
+
+
+def test_prefix_merging_respects_model_and_role():
+    a = call([5, 6], [7], role="a")
+    b = call([5, 6, 7, 8], [9], role="b")
+    assert len(pack([(a, 1.0), (b, 1.0)], "prefix")) == 2
+    b_same = call([5, 6, 7, 8], [9], role="a", index=1)
+    assert len(pack([(a, 1.0), (b_same, 1.0)], "prefix")) == 1
