@@ -19,12 +19,12 @@ from pathlib import Path
 
 from actorjet.errors import UserError
 
-ZOO_VERSION = 1
+ZOO_VERSION = 2
 DIGITS = "0123456789"
 CHARS = list(DIGITS + "+-*=?: ")   # everything the arithmetic prompts use
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
-TINY_CHAT_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}"
-                      "{{ message['content'] }}{% endif %}{% endfor %}")
+# Every message's text in order: a multi-turn prompt is the conversation so far.
+TINY_CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
 def cache_dir() -> Path:
