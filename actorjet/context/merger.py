@@ -50,6 +50,7 @@ class Merger(ManagedActor):
         self.groups_per_step = train["groups_per_step"]
         self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
         self.tree_max_tokens = 4096
+        self.tokenizers: dict = {}
         self.services: dict = {}
         self.pending: dict[str, dict] = {}     # model → {"samples": [...], "groups": n, "stats": {...}}
         self.batches = 0
@@ -99,6 +100,15 @@ class Merger(ManagedActor):
         if batch["groups"] >= self.groups_per_step:
             self._flush(model)
 
+    def _decoder(self, model: str):
+        if model not in self.tokenizers:
+            from transformers import AutoTokenizer
+
+            cfg = next(m for m in self.context["job"]["models"] if m["name"] == model)
+            self.tokenizers[model] = AutoTokenizer.from_pretrained(cfg["path"])
+        tok = self.tokenizers[model]
+        return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
     def _flush(self, model: str) -> None:
         batch = self.pending.pop(model)
         learner = self.services.get(model, {}).get("learner")
@@ -106,8 +116,9 @@ class Merger(ManagedActor):
         path = self.out_dir / f"{model}-{self.batches:06d}.pt"
         rewards, calls = batch.pop("rewards"), batch.pop("calls")
         mode = self.merge_modes.get(model, "none")
+        repairs = pack.repair_drift(calls, self._decoder(model)) if mode != "none" else 0
         packed = pack.pack(calls, mode, max_tokens=self.tree_max_tokens)
-        stats = dict(batch, **pack.stats(calls, packed), merge=mode, sequences=len(packed),
+        stats = dict(batch, **pack.stats(calls, packed), merge=mode, sequences=len(packed), drift_repairs=repairs,
                      reward_mean=sum(rewards) / max(1, len(rewards)), created=time.time())
         torch.save({"model": model, "samples": [p.to_dict() for p in packed], "stats": stats}, path)
         if learner is None:

@@ -169,6 +169,47 @@ class _Trie:
         return packed
 
 
+def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
+    """Splice sampled ids back where a later prompt re-encoded an earlier completion.
+
+    Chat templates re-render the assistant's text, so a later prompt may hold other ids
+    than were sampled (an end-of-turn token dropped, a word split differently).  For each
+    call B, earlier calls A of the same model, role and episode whose prompt is a prefix of
+    B's prompt are found by prefix hashing; if A's completion is not there as ids but the
+    next tokens of B decode to exactly A's text, those tokens are replaced by A's sampled
+    ids.  Then prefix merging absorbs A into B and trains exactly what was sampled.
+    ``decode(ids)`` must drop special tokens.  Returns the number of repairs; modifies the
+    calls' ``prompt_ids`` in place."""
+    repairs = 0
+    by_timeline: dict[tuple, list] = {}
+    for call, _ in calls:
+        key = (call["model"], call["role"], call.get("episode_id", ""))
+        by_timeline.setdefault(key, []).append(call)
+    for timeline in by_timeline.values():
+        timeline.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
+        prompts: dict[tuple, dict] = {}          # (len, hash) of an earlier prompt → its call
+        for b in timeline:
+            prompt, h, hits = b["prompt_ids"], 0, []
+            for pos, tok in enumerate(prompt, start=1):
+                h = (h * 1_000_003 + tok + 1) & 0xFFFFFFFFFFFF
+                a = prompts.get((pos, h))
+                if a is not None and a["prompt_ids"] == prompt[:pos]:
+                    hits.append(a)
+            for a in reversed(hits):             # the longest matching earlier prompt first
+                start, sampled = len(a["prompt_ids"]), a["completion_ids"]
+                if prompt[start:start + len(sampled)] == sampled:
+                    break                        # no drift
+                text = decode(sampled)
+                for j in range(0, min(len(prompt) - start, 2 * len(sampled) + 4) + 1):
+                    if decode(prompt[start:start + j]) == text:
+                        b["prompt_ids"] = prompt[:start] + list(sampled) + prompt[start + j:]
+                        repairs += 1
+                        break
+                break
+            prompts[(len(b["prompt_ids"]), _hash(b["prompt_ids"]))] = b
+    return repairs
+
+
 def pack(calls: list[tuple[dict, float]], mode: str, max_tokens: int | None = None) -> list[Packed]:
     if mode == "none":
         return pack_none(calls)

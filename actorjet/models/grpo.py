@@ -60,8 +60,11 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
 
 def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """logπ of every term's token given its ancestors, at its sampling temperature."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"]).logits
+    mask = batch["attention_mask"]
+    if mask.dim() == 4:     # additive form: what eager attention expects, and sdpa accepts too
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
     rows = logits[batch["term_b"], batch["term_pred"]].float() / batch["temperatures"].unsqueeze(-1)
     return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
 
