@@ -16,7 +16,6 @@ os.environ.setdefault("CONVENTION_REGISTRATION_MISS_MAX", "2")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")      # models come from local directories only
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # several torch processes share the cores
 # Counting GPUs in the head must not initialize CUDA: actors are forked from it.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 

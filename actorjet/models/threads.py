@@ -4,8 +4,8 @@ Several torch processes share the machine (engine, learner, runners).  For a sma
 the ops are too small to gain from intra-op threads and oversubscribed OpenMP pools cost
 more than they give (measured: a 65 ms learner step took 1.7 s with 2 threads in each
 process on 2 cores); a large model's matrix products do gain.  ``0`` means: 1 thread
-under 20M parameters, otherwise every core.  OMP_WAIT_POLICY=PASSIVE (set by
-``import actorjet``) keeps idle pools from spinning.
+under 20M parameters, otherwise every core.  OMP_WAIT_POLICY=PASSIVE (set for actor
+processes when a node starts its actor system) keeps idle pools from spinning.
 """
 from __future__ import annotations
 

@@ -69,6 +69,8 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str) -> 
     os.environ["THESPLOG_FILE"] = str(log_dir / "thespian.log")
     os.environ.setdefault("THESPLOG_THRESHOLD", "WARNING")
     os.environ["THESPIAN_BASE_IPADDR"] = advertise_ip
+    # Actors inherit this: several torch processes share the cores, idle pools must not spin.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     port = capabilities["Admin Port"]
     if port_in_use("127.0.0.1", port) or port_in_use(advertise_ip, port):
         raise UserError(f"port {port} is already in use; pick another with --port "
