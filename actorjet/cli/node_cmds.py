@@ -178,7 +178,8 @@ def cmd_stop(args) -> int:
 def add_status(sub) -> None:
     p = sub.add_parser("status", help="nodes, runners, models, behaviors and episode counts",
                        description="Ask the registry of a head on this machine.")
-    p.add_argument("--head", default=None, help="HOST:PORT of the head (default: from --run-dir, else 127.0.0.1:1900)")
+    p.add_argument("--head", default=None, help="HOST:PORT of a head running on this machine "
+                   "(default: from --run-dir, else 127.0.0.1:1900)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_status)

@@ -47,7 +47,7 @@ class HttpEngineBackend:
 
 class Gateway(ManagedActor):
     def on_init(self) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         job = self.context["job"]
         self.model = self.args["model"]
@@ -56,8 +56,7 @@ class Gateway(ManagedActor):
         self.backend = HttpEngineBackend()
         self.events: queue.Queue = queue.Queue()
         self.base_urls: dict[str, str] = {}
-        max_len = int(getattr(__import__("transformers").AutoConfig.from_pretrained(cfg["path"]),
-                              "max_position_embeddings", 2048))
+        max_len = int(getattr(AutoConfig.from_pretrained(cfg["path"]), "max_position_embeddings", 2048))
         self.app = GatewayApp(self.model, tokenizer, self.backend, self.context["token"], max_len,
                               default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
                               directory=lambda: dict(self.base_urls))
