@@ -14,6 +14,7 @@ import time
 import cloudpickle
 
 from actorjet.models import keys
+from actorjet.registry import behaviors
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
@@ -25,13 +26,13 @@ def load_function(ref: str):
 
 
 class TaskSource:
-    def __init__(self, cfg: dict, seed: int):
+    def __init__(self, cfg: dict, seed: int, secret: str):
         self.name, self.cfg = cfg["name"], cfg
         self.tasks = importlib.import_module(cfg["source"]).tasks(seed)
         module, fn = load_function(cfg["behavior"])
         cloudpickle.register_pickle_by_value(module)   # nodes need not have the file
         self.behavior, self.version = cfg["behavior"], 1
-        self.blob = cloudpickle.dumps(fn)
+        self.payload = behaviors.sign(secret, self.behavior, self.version, cloudpickle.dumps(fn))
 
 
 class EpisodeDesk:
@@ -43,7 +44,7 @@ class EpisodeDesk:
         self.group_size = train.get("group_size", 8)
         self.window = train.get("groups_per_step", 32) * (train.get("max_staleness", 1) + 1)
         self.lease_timeout = train.get("lease_timeout_s", 120.0)
-        self.sources = [TaskSource(t, train.get("seed", 0)) for t in self.job.get("tasks", [])]
+        self.sources = [TaskSource(t, train.get("seed", 0), self.token) for t in self.job.get("tasks", [])]
         self.services: dict[str, dict] = {}
         self.subscribers: list = []
         self.leases: dict[str, dict] = {}            # group id → lease (+ runner id)
@@ -115,7 +116,7 @@ class EpisodeDesk:
             self.leases[group_id] = dict(lease, runner_id=msg.runner_id)
             leases.append(lease)
             if msg.behaviors.get(source.behavior) != source.version:
-                behaviors[source.behavior] = (source.version, source.blob)
+                behaviors[source.behavior] = source.payload
         self.runner_versions[msg.runner_id] = {s.behavior: s.version for s in self.sources}
         self.counts["in_flight"] += n * self.group_size
         self.registry.send(sender, m.Leases(leases, behaviors))

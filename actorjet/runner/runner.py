@@ -15,9 +15,9 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
-import cloudpickle
 from thespian.actors import WakeupMessage
 
+from actorjet.registry import behaviors
 from actorjet.runner.llm import LLM
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -81,9 +81,17 @@ class AgentRunner(ManagedActor):
 
     def receiveMsg_Leases(self, msg: m.Leases, sender):
         self.waiting_for_leases = False
-        for name, (version, blob) in msg.behaviors.items():
-            self.behaviors[name] = (version, cloudpickle.loads(blob))
+        for name, payload in msg.behaviors.items():
+            try:
+                self.behaviors[name] = (payload["version"], behaviors.load(payload))
+            except behaviors.BehaviorRejected as e:
+                log.error("%s refused behavior %s: %s", self.runner_id, name, e)
         for lease in msg.leases:
+            if lease["behavior"] not in self.behaviors:
+                results = [{"episode_id": ep["episode_id"], "reward": None, "error": "behavior refused"}
+                           for ep in lease["episodes"]]
+                self.send(self.registry, m.GroupResult(self.runner_id, lease["group_id"], results))
+                continue
             _, fn = self.behaviors[lease["behavior"]]
             futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
                        for ep in lease["episodes"]]

@@ -76,8 +76,8 @@ class RunnerSupervisor(ManagedActor):
         self.placed[runner_id] = (node_id, addr)
         args = {**self.args, "runner_id": runner_id, "node_id": node_id,
                 "admission": self.nodes[node_id]["admission"]}
-        self.send(addr, m.Init(runner_id, f"{self.path}/{runner_id}", args, self.context,
-                               self.myAddress))
+        context = {k: v for k, v in self.context.items() if k != "token"}   # runners never need the secret
+        self.send(addr, m.Init(runner_id, f"{self.path}/{runner_id}", args, context, self.myAddress))
 
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):
         runner_id = next((r for r, (_, a) in self.placed.items() if a == msg.childAddress), None)

@@ -70,6 +70,7 @@ class Head:
         caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.host, self.port),
                 "actorjet_role": "head", "node_id": f"head-{uuid.uuid4().hex[:8]}", "name": "head",
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count()}
+        os.environ["ACTORJET_TOKEN"] = self.token      # local runners check behaviors with it
         self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.host)
         context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir),
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},

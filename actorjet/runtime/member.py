@@ -50,6 +50,7 @@ class Member:
                 "actorjet_role": "runner", "node_id": self.node_id, "name": self.name,
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
                 "actorjet_auth": node_auth(self.token, self.node_id)}
+        os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
         self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise)
         self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         reply = self.asys.ask(self.agent, m.WaitAdmission(self.timeout_s), self.timeout_s)

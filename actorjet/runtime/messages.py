@@ -211,7 +211,7 @@ class LeaseRequest:
 @dataclass
 class Leases:
     leases: list                 # [{group_id, task_name, behavior, version, episodes: [...], deadline}]
-    behaviors: dict              # name → (version, cloudpickled function), only the new ones
+    behaviors: dict              # name → signed payload (registry/behaviors.py), only new ones
 
 
 @dataclass

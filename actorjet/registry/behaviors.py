@@ -1,0 +1,43 @@
+"""Signed behavior payloads: cloudpickled code is verified *before* it is unpickled.
+
+Unpickling runs code, so a runner must never unpickle a payload it cannot attribute to
+its own swarm.  The registry signs (name, version, sha256(blob)) with an HMAC under the
+cluster secret; a runner checks it with the secret its node was joined with (taken from
+its own environment, not from the message that brought the payload).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+import cloudpickle
+
+SECRET_ENV = "ACTORJET_TOKEN"
+
+
+class BehaviorRejected(Exception):
+    """A payload that is unsigned, tampered with, or signed with another key."""
+
+
+def _mac(secret: str, name: str, version: int, blob: bytes) -> str:
+    digest = hashlib.sha256(blob).hexdigest()
+    return hmac.new(secret.encode(), f"{name}\n{version}\n{digest}".encode(), hashlib.sha256).hexdigest()
+
+
+def sign(secret: str, name: str, version: int, blob: bytes) -> dict:
+    return {"name": name, "version": version, "blob": blob, "sig": _mac(secret, name, version, blob)}
+
+
+def load(payload, secret: str | None = None):
+    """The behavior function, or BehaviorRejected saying why (nothing is unpickled then)."""
+    secret = secret if secret is not None else os.environ.get(SECRET_ENV, "")
+    if not secret:
+        raise BehaviorRejected("this node has no cluster secret to check behaviors with")
+    if not isinstance(payload, dict) or not {"name", "version", "blob", "sig"} <= set(payload):
+        raise BehaviorRejected("not a signed behavior payload (raw pickles are refused)")
+    want = _mac(secret, payload["name"], payload["version"], payload["blob"])
+    if not hmac.compare_digest(want, str(payload["sig"])):
+        raise BehaviorRejected(f"bad signature on {payload['name']} v{payload['version']}: "
+                               "tampered with, or signed with another cluster's key")
+    return cloudpickle.loads(payload["blob"])
