@@ -23,6 +23,12 @@ def model():
     return AutoModelForCausalLM.from_pretrained(zoo.tiny_arith(0), attn_implementation=ATTN).eval()
 
 
+# Packed and unpacked runs multiply matrices of different shapes; in float32 that alone moves
+# large-magnitude logprobs by up to ~1.3e-5 on this model (float64 is no cleaner: transformers
+# computes rotary embeddings in float32).  Merging errors would be orders of magnitude larger.
+TOLERANCE = 5e-5
+
+
 def call(prompt, completion, role="a", model="m", episode="e", index=0, temperature=1.0, version=0, rng=None):
     rng = rng or random.Random(len(prompt))
     return {"model": model, "role": role, "episode_id": episode, "call_index": index, "choice": 0,
@@ -67,7 +73,7 @@ def reference_terms(model_, calls):
     for c, _ in calls:
         ids = torch.tensor([full_ids(c)])
         with torch.no_grad():
-            logits = model_(input_ids=ids).logits[0].float()
+            logits = model_(input_ids=ids).logits[0]
         n = len(c["prompt_ids"])
         for k, tok in enumerate(c["completion_ids"]):
             lp = torch.log_softmax(logits[n + k - 1] / c["temperature"], -1)[tok]
@@ -86,7 +92,7 @@ def test_packed_logprobs_equal_unmerged_and_every_token_counts_once(model, mode,
         with torch.no_grad():
             got = sorted(float(x) for p in packed for x in term_logprobs(model, collate([p], 0)))
         want = sorted(reference_terms(model, group).values())
-        assert max(abs(a - b) for a, b in zip(got, want)) <= 1e-5
+        assert max(abs(a - b) for a, b in zip(got, want)) <= TOLERANCE
         # the recorded logprobs and advantages travel with their tokens
         assert sorted((t[1], t[2]) for p in packed for t in p["terms"]) == \
             sorted((adv, lp) for c, adv in group for lp in c["logprobs"])
@@ -104,8 +110,8 @@ def test_gradient_is_the_same_for_none_prefix_and_tree(calls):
     model_dir = zoo.tiny_arith(0)
     group = by_model(calls)["m"] if "m" in by_model(calls) else next(iter(by_model(calls).values()))
     grads = {mode: gradient(model_dir, [p.to_dict() for p in pack(group, mode)]) for mode in ("none", "prefix", "tree")}
-    assert (grads["prefix"] - grads["none"]).abs().max() <= 1e-5
-    assert (grads["tree"] - grads["none"]).abs().max() <= 1e-5
+    assert (grads["prefix"] - grads["none"]).abs().max() <= TOLERANCE
+    assert (grads["tree"] - grads["none"]).abs().max() <= TOLERANCE
 
 
 def test_a_multi_turn_chain_collapses_to_one_sequence_and_a_group_shares_its_prompt():

@@ -65,7 +65,8 @@ def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
     logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
-    rows = logits[batch["term_b"], batch["term_pred"]].float() / batch["temperatures"].unsqueeze(-1)
+    rows = logits[batch["term_b"], batch["term_pred"]]
+    rows = rows.to(torch.promote_types(rows.dtype, torch.float32)) / batch["temperatures"].unsqueeze(-1)
     return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
 
 
