@@ -65,7 +65,7 @@ class Head:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = read_head_file(self.run_dir)
         self._clean_stale(state)
-        self.token = state.get("token") or secrets.token_urlsafe(18)
+        self.token = state.get("token") or secrets.token_hex(16)   # never starts with "-" (argparse)
         self.epoch = int(state.get("epoch", 0)) + 1
         caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.host, self.port),
                 "actorjet_role": "head", "node_id": f"head-{uuid.uuid4().hex[:8]}", "name": "head",
