@@ -44,11 +44,30 @@ def island():
         _ip("netns", "exec", ns, "ip", "addr", "add", f"{subnet}.2/24", "dev", ns_if)
         _ip("netns", "exec", ns, "ip", "link", "set", ns_if, "up")
         _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        _wait_usable(f"{subnet}.1")
         yield {"ns": ns, "host_if": host_if, "head_ip": f"{subnet}.1"}
     finally:
         with contextlib.suppress(Exception):
             _ip("link", "del", host_if, check=False)
         _ip("netns", "del", ns, check=False)
+
+
+def _wait_usable(address: str, timeout_s: float = 10.0) -> None:
+    """The new address accepts a listening socket (the link can take a moment to settle)."""
+    import socket
+    import time
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            with socket.socket() as s:
+                s.bind((address, 0))
+                s.listen()
+                with socket.create_connection(s.getsockname(), timeout=1):
+                    return
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def nodes(port):

@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 
 import psutil
-from thespian.actors import ActorSystem
+from thespian.actors import ActorSystem, InvalidActorAddress
 
 from actorjet.errors import UserError
 from actorjet.runtime import logs
@@ -75,7 +75,11 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str) -> 
     if port_in_use("127.0.0.1", port) or port_in_use(advertise_ip, port):
         raise UserError(f"port {port} is already in use; pick another with --port "
                         f"(or `actorjet stop --port {port}` if it is a stale ActorJet system)")
-    return ActorSystem(BASE, capabilities, logDefs=thespian_log_defs(log_dir), transientUnique=True)
+    try:
+        return ActorSystem(BASE, capabilities, logDefs=thespian_log_defs(log_dir), transientUnique=True)
+    except InvalidActorAddress as e:
+        raise UserError(f"the actor system did not come up on {advertise_ip}:{port} within 11 s ({e}); "
+                        f"is {advertise_ip} an address of this machine? see {log_dir}") from None
 
 
 def attach(port: int) -> ActorSystem:
