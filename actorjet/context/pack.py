@@ -79,9 +79,7 @@ def pack_prefix(calls: list[tuple[dict, float]]) -> list[Packed]:
         for call, adv in group:
             prompt, ids = list(call["prompt_ids"]), full_ids(call)
             absorbed: list[int] = []
-            h = 0
-            for pos, tok in enumerate(prompt, start=1):
-                h = (h * 1_000_003 + tok + 1) & 0xFFFFFFFFFFFF
+            for pos, h in prefix_hashes(prompt):
                 idx = open_by_key.get((pos, h))
                 if idx is not None and chains[idx]["ids"] == prompt[:pos]:
                     absorbed.append(idx)
@@ -97,10 +95,18 @@ def pack_prefix(calls: list[tuple[dict, float]]) -> list[Packed]:
     return out
 
 
+def prefix_hashes(ids: list[int]):
+    """(length, hash of ids[:length]) for every prefix, in one pass."""
+    h = 0
+    for pos, tok in enumerate(ids, start=1):
+        h = (h * 1_000_003 + tok + 1) & 0xFFFFFFFFFFFF
+        yield pos, h
+
+
 def _hash(ids: list[int]) -> int:
     h = 0
-    for tok in ids:
-        h = (h * 1_000_003 + tok + 1) & 0xFFFFFFFFFFFF
+    for _, h in prefix_hashes(ids):
+        pass
     return h
 
 
@@ -189,9 +195,8 @@ def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
         timeline.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
         prompts: dict[tuple, dict] = {}          # (len, hash) of an earlier prompt → its call
         for b in timeline:
-            prompt, h, hits = b["prompt_ids"], 0, []
-            for pos, tok in enumerate(prompt, start=1):
-                h = (h * 1_000_003 + tok + 1) & 0xFFFFFFFFFFFF
+            prompt, hits = b["prompt_ids"], []
+            for pos, h in prefix_hashes(prompt):
                 a = prompts.get((pos, h))
                 if a is not None and a["prompt_ids"] == prompt[:pos]:
                     hits.append(a)
