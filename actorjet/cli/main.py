@@ -15,12 +15,14 @@ typical use:
   actorjet quickstart                          train the tiny arithmetic model locally (≈5 min)
   actorjet start --config job.toml             head node; prints the join command
   actorjet join HEAD:1900 --token T --slots 4  add a node that runs agent code
-  actorjet status                              nodes, runners, models, episodes
+  actorjet status                              nodes, runners, models, behaviors, episodes
+  actorjet upgrade TASK agent.py:behavior      new agent code on every runner, no restart
+  actorjet rollback TASK                       back to the previous version of that code
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from actorjet.cli import node_cmds, train_cmds
+    from actorjet.cli import behavior_cmds, node_cmds, train_cmds
 
     parser = argparse.ArgumentParser(
         prog="actorjet", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -32,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     node_cmds.add_leave(sub)
     node_cmds.add_stop(sub)
     node_cmds.add_status(sub)
+    behavior_cmds.add_upgrade(sub)
+    behavior_cmds.add_rollback(sub)
     return parser
 
 

@@ -178,9 +178,7 @@ def cmd_stop(args) -> int:
 def add_status(sub) -> None:
     p = sub.add_parser("status", help="nodes, runners, models, behaviors and episode counts",
                        description="Ask the registry of a head on this machine.")
-    p.add_argument("--head", default=None, help="HOST:PORT of a head running on this machine "
-                   "(default: from --run-dir, else 127.0.0.1:1900)")
-    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR)
+    add_head_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_status)
 
@@ -188,15 +186,7 @@ def add_status(sub) -> None:
 def cmd_status(args) -> int:
     from actorjet.runtime.head import attach_root, status
 
-    port = 1900
-    if args.head:
-        port_text = args.head.rpartition(":")[2]
-        if not port_text.isdigit():
-            raise UserError(f"--head must look like HOST:PORT, got {args.head!r}")
-        port = int(port_text)
-    elif (Path(args.run_dir) / "head.json").exists():
-        port = _read_json(Path(args.run_dir) / "head.json", "")["port"]
-    asys, root = attach_root(port)     # a client handle: never shut it down (that stops the head)
+    asys, root = attach_root(head_port(args))   # a client handle: never shut it down (that stops the head)
     data = status(asys, root)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -207,6 +197,33 @@ def cmd_status(args) -> int:
 
 
 # -- helpers ---------------------------------------------------------------------------
+
+def add_head_options(p) -> None:
+    """--head / --run-dir: how a command finds a head running on this machine."""
+    p.add_argument("--head", default=None, help="HOST:PORT of a head running on this machine "
+                   "(default: from --run-dir, else 127.0.0.1:1900)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="the head's run directory (default %(default)s)")
+
+
+def head_port(args) -> int:
+    if args.head:
+        port_text = args.head.rpartition(":")[2]
+        if not port_text.isdigit():
+            raise UserError(f"--head must look like HOST:PORT, got {args.head!r}")
+        return int(port_text)
+    if (Path(args.run_dir) / "head.json").exists():
+        return _read_json(Path(args.run_dir) / "head.json", "")["port"]
+    return 1900
+
+
+def head_token(args) -> str:
+    """The cluster secret: --token, else the head's run dir (head.json is readable only by
+    the user who started the head)."""
+    if getattr(args, "token", None):
+        return args.token
+    info = _read_json(Path(args.run_dir) / "head.json", "pass --token (printed by `actorjet start`) or --run-dir")
+    return info["token"]
+
 
 def _read_json(path: Path, missing: str) -> dict:
     try:

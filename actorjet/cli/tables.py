@@ -29,6 +29,16 @@ def print_status(data: dict, console: Console | None = None) -> None:
         for mdl in data["models"]:
             models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]))
         console.print(models)
+    if data.get("behaviors"):
+        table = Table(title="behaviors (runners per version)")
+        for col in ("task", "current", "versions"):
+            table.add_column(col)
+        for b in data["behaviors"]:
+            versions = ", ".join(f"v{v['version']} {v['state']}: {v['runners']}"
+                                 + (f" [red]({v['load_error'][:60]})[/red]" if v.get("load_error") else "")
+                                 for v in b.get("versions", []))
+            table.add_row(b["name"], f"v{b['version']}" + (" (canary running)" if b.get("canary") else ""), versions)
+        console.print(table)
     eps = data.get("episodes", {})
     console.print("episodes: " + ", ".join(f"{k} {v}" for k, v in eps.items()))
     restarts = data.get("restarts", {})

@@ -56,6 +56,7 @@ class Merger(ManagedActor):
         self.batches = 0
         self.out_dir = Path(self.context["run_dir"]) / "batches"
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.groups_log = Path(self.context["run_dir"]) / "groups.jsonl"
         self._announce()
 
     def _announce(self) -> None:
@@ -72,6 +73,9 @@ class Merger(ManagedActor):
         group = msg.group
         ids = [e["episode_id"] for e in group["episodes"]]
         rewards = {e["episode_id"]: e["reward"] for e in group["episodes"]}
+        with open(self.groups_log, "a") as f:     # which code produced which episodes, for good
+            f.write(json.dumps({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
+                               | {"rewards": rewards, "t": round(time.time(), 3)}) + "\n")
         for model, svc in self.services.items():
             if "learner" not in svc or "gateway" not in svc:
                 continue
@@ -79,10 +83,13 @@ class Merger(ManagedActor):
             self._add(model, group, calls, rewards)
 
     def _add(self, model: str, group: dict, calls: dict[str, list[dict]], rewards: dict) -> None:
-        batch = self.pending.setdefault(model, {"calls": [], "groups": 0, "episodes": 0,
-                                                "rewards": [], "zero_variance_groups": 0})
+        batch = self.pending.setdefault(model, {"calls": [], "groups": 0, "episodes": 0, "rewards": [],
+                                                "zero_variance_groups": 0, "group_log": []})
         batch["groups"] += 1
         batch["episodes"] += len(rewards)
+        # Which code produced these episodes: every group carries its behavior name + version.
+        batch["group_log"].append({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
+                                  | {"episodes": sorted(rewards)})
         credited = {}
         for episode_id, episode_calls in calls.items():
             for call in episode_calls:
@@ -90,6 +97,10 @@ class Merger(ManagedActor):
                 if r is not None:
                     credited.setdefault(episode_id, r)
         batch["rewards"] += list(credited.values())
+        tag = f"{group.get('behavior')}@v{group.get('version')}"
+        by = batch.setdefault("by_behavior", {}).setdefault(tag, {"episodes": 0, "reward_sum": 0.0})
+        by["episodes"] += len(credited)
+        by["reward_sum"] += sum(credited.values())
         if len(credited) >= 2 and len(set(credited.values())) > 1:
             advantages = group_advantages(credited)
             for episode_id, episode_calls in calls.items():
@@ -114,13 +125,16 @@ class Merger(ManagedActor):
         learner = self.services.get(model, {}).get("learner")
         self.batches += 1
         path = self.out_dir / f"{model}-{self.batches:06d}.pt"
-        rewards, calls = batch.pop("rewards"), batch.pop("calls")
+        rewards, calls, group_log = batch.pop("rewards"), batch.pop("calls"), batch.pop("group_log")
+        batch["by_behavior"] = {tag: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
+                                for tag, v in batch.get("by_behavior", {}).items()}
         mode = self.merge_modes.get(model, "none")
         repairs = pack.repair_drift(calls, self._decoder(model)) if mode != "none" else 0
         packed = pack.pack(calls, mode, max_tokens=self.tree_max_tokens)
         stats = dict(batch, **pack.stats(calls, packed), merge=mode, sequences=len(packed), drift_repairs=repairs,
                      reward_mean=sum(rewards) / max(1, len(rewards)), created=time.time())
-        torch.save({"model": model, "samples": [p.to_dict() for p in packed], "stats": stats}, path)
+        torch.save({"model": model, "samples": [p.to_dict() for p in packed], "stats": stats,
+                    "groups": group_log}, path)
         if learner is None:
             log.error("batch %s written but model %s has no learner", path, model)
             return

@@ -15,6 +15,8 @@ _KEY = re.compile(r"^aj-([a-z0-9_.]+)-([0-9a-f]{24})$")
 
 
 def mint(secret: str, episode_id: str) -> str:
+    if not re.fullmatch(r"[a-z0-9_.]+", episode_id):
+        raise ValueError(f"episode id {episode_id!r} must be lowercase letters, digits, '_' or '.'")
     return f"aj-{episode_id}-{_sign(secret, episode_id)}"
 
 

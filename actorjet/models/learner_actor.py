@@ -107,7 +107,8 @@ class Learner(ManagedActor):
                   "batch_wait_s": time.time() - msg.stats.get("created", time.time()),
                   **{k: v for k, v in info.items() if k != "skipped"}}
         record.update({k: msg.stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
-                                                  "tokens_before", "tokens_after", "token_ratio", "drift_repairs") if k in msg.stats})
+                                                  "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
+                                                  "by_behavior") if k in msg.stats})
         metrics.append(self.run_dir, record)
         Path(msg.path).unlink(missing_ok=True)
         if self.step % self.cfg["eval_every"] == 0 or done:

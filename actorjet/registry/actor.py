@@ -145,7 +145,7 @@ class Registry(ManagedActor):
         for r in self.runners:
             versions = self.desk.runner_versions.get(r["id"], {})
             behavior, version = next(iter(versions.items()), ("", None))
-            runners.append({**r, "behavior": behavior, "version": version})
+            runners.append({**r, "behavior": behavior, "version": version, "behaviors": dict(versions)})
         data = {"head_epoch": self.epoch,
                 "nodes": [n.public() for n in self.table.nodes.values()],
                 "nodes_lost": self.table.lost_count,

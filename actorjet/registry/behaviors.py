@@ -29,6 +29,23 @@ def sign(secret: str, name: str, version: int, blob: bytes) -> dict:
     return {"name": name, "version": version, "blob": blob, "sig": _mac(secret, name, version, blob)}
 
 
+def sign_upload(secret: str, name: str, blob: bytes, source: str = "") -> dict:
+    """What `actorjet upgrade` sends: the registry accepts code only from holders of the secret."""
+    return {"name": name, "blob": blob, "source": source, "sig": _mac(secret, "upload:" + name, 0, blob)}
+
+
+def check_upload(secret: str, upload) -> str | None:
+    """Why an upload is refused, or None.  Never unpickles."""
+    if not isinstance(upload, dict) or not {"name", "blob", "sig"} <= set(upload):
+        return "not a signed upload (raw pickles are refused)"
+    if not isinstance(upload["blob"], bytes):
+        return "the payload is not bytes"
+    want = _mac(secret, "upload:" + str(upload["name"]), 0, upload["blob"])
+    if not hmac.compare_digest(want, str(upload["sig"])):
+        return "bad signature: tampered with, or signed with another cluster's token"
+    return None
+
+
 def load(payload, secret: str | None = None):
     """The behavior function, or BehaviorRejected saying why (nothing is unpickled then)."""
     secret = secret if secret is not None else os.environ.get(SECRET_ENV, "")

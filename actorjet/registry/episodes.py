@@ -15,6 +15,8 @@ import cloudpickle
 
 from actorjet.models import keys
 from actorjet.registry import behaviors
+from actorjet.registry.behavior_store import BehaviorStore
+from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
@@ -26,13 +28,26 @@ def load_function(ref: str):
 
 
 class TaskSource:
-    def __init__(self, cfg: dict, seed: int, secret: str):
-        self.name, self.cfg = cfg["name"], cfg
+    """A task stream and its behavior.  The behavior is named after the task, and its live
+    version comes from the store: after a restart the upgraded code keeps running, unless
+    the job config now names a different function (then that becomes a new version)."""
+
+    def __init__(self, cfg: dict, seed: int, secret: str, store: BehaviorStore):
+        self.name, self.cfg, self.secret = cfg["name"], cfg, secret
+        self.behavior = self.name
         self.tasks = importlib.import_module(cfg["source"]).tasks(seed)
-        module, fn = load_function(cfg["behavior"])
-        cloudpickle.register_pickle_by_value(module)   # nodes need not have the file
-        self.behavior, self.version = cfg["behavior"], 1
-        self.payload = behaviors.sign(secret, self.behavior, self.version, cloudpickle.dumps(fn))
+        current = store.current(self.name)
+        if current is None or store.index(self.name).get("config") != cfg["behavior"]:
+            module, fn = load_function(cfg["behavior"])
+            cloudpickle.register_pickle_by_value(module)   # nodes need not have the file
+            current = store.add(self.name, cloudpickle.dumps(fn), cfg["behavior"])
+            store.set_config(self.name, cfg["behavior"])
+            store.activate(self.name, current)
+        self.set_version(current, store.blob(self.name, current))
+
+    def set_version(self, version: int, blob: bytes) -> None:
+        self.version = version
+        self.payload = behaviors.sign(self.secret, self.name, version, blob)
 
 
 class EpisodeDesk:
@@ -44,7 +59,11 @@ class EpisodeDesk:
         self.group_size = train.get("group_size", 8)
         self.window = train.get("groups_per_step", 32) * (train.get("max_staleness", 1) + 1)
         self.lease_timeout = train.get("lease_timeout_s", 120.0)
-        self.sources = [TaskSource(t, train.get("seed", 0), self.token) for t in self.job.get("tasks", [])]
+        self.store = BehaviorStore(context.get("run_dir"))
+        self.sources = [TaskSource(t, train.get("seed", 0), self.token, self.store)
+                        for t in self.job.get("tasks", [])]
+        self.upgrades = UpgradeDesk(self)
+        self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
         self.services: dict[str, dict] = {}
         self.subscribers: list = []
         self.leases: dict[str, dict] = {}            # group id → lease (+ runner id)
@@ -59,7 +78,8 @@ class EpisodeDesk:
 
     # -- dispatch -----------------------------------------------------------------------
     def handle(self, msg, sender) -> bool:
-        handler = getattr(self, f"on_{type(msg).__name__}", None)
+        handler = getattr(self, f"on_{type(msg).__name__}", None) or \
+            getattr(self.upgrades, f"on_{type(msg).__name__}", None)
         if handler is None:
             return False
         handler(msg, sender)
@@ -84,6 +104,15 @@ class EpisodeDesk:
     def gateway_urls(self) -> dict[str, str]:
         return {name: s["gateway"]["url"] for name, s in self.services.items() if "gateway" in s}
 
+    def source(self, name) -> TaskSource | None:
+        return next((s for s in self.sources if s.name == name), None)
+
+    def live_runners(self, with_address: bool = True) -> list[str]:
+        """Placed runners (as the runner supervisor last reported), optionally only those
+        whose address we know from a lease request."""
+        placed = [r["id"] for r in self.registry.runners if r.get("state") == "placed"]
+        return [r for r in placed if r in self.runner_addr] if with_address else placed
+
     # -- leases -------------------------------------------------------------------------
     def _room(self) -> int:
         consumed = min((v["consumed"] for v in self.models.values()), default=0)
@@ -91,6 +120,8 @@ class EpisodeDesk:
 
     def on_LeaseRequest(self, msg: m.LeaseRequest, sender):
         urls = self.gateway_urls()
+        self.runner_addr[msg.runner_id] = sender
+        self.runner_versions[msg.runner_id] = dict(msg.behaviors)
         if self.finished:
             self.registry.send(sender, m.NoWork(2.0, "training finished"))
             return
@@ -117,7 +148,6 @@ class EpisodeDesk:
             leases.append(lease)
             if msg.behaviors.get(source.behavior) != source.version:
                 behaviors[source.behavior] = source.payload
-        self.runner_versions[msg.runner_id] = {s.behavior: s.version for s in self.sources}
         self.counts["in_flight"] += n * self.group_size
         self.registry.send(sender, m.Leases(leases, behaviors))
 
@@ -129,7 +159,9 @@ class EpisodeDesk:
         self.counts["in_flight"] -= len(lease["episodes"])
         failed = [r for r in msg.results if r.get("error") or r.get("reward") is None]
         if failed:
-            self._drop(lease, f"behavior error: {failed[0].get('error', 'no reward')}"[:120], len(lease["episodes"]))
+            error = failed[0].get("error", "no reward")
+            cause = error if error.startswith("upgrade abort") else f"behavior error: {error}"
+            self._drop(lease, cause[:120], len(lease["episodes"]))
             return
         self.counts["completed"] += len(msg.results)
         rewards = {r["episode_id"]: r["reward"] for r in msg.results}
@@ -161,6 +193,7 @@ class EpisodeDesk:
                 self._drop(lease, "node lost", len(lease["episodes"]))
 
     def tick(self) -> None:
+        self.upgrades.tick()
         now = time.time()
         for group_id, lease in list(self.leases.items()):
             if lease["deadline"] < now:
@@ -205,14 +238,11 @@ class EpisodeDesk:
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> dict:
-        behaviors = []
-        for s in self.sources:
-            running = sum(1 for v in self.runner_versions.values() if v.get(s.behavior) == s.version)
-            behaviors.append({"name": s.behavior, "version": s.version, "runners": running})
         return {"episodes": dict(self.counts), "aborted_by_cause": dict(self.abort_causes),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"]}
                            for k, v in sorted(self.models.items())],
-                "behaviors": behaviors, "training_finished": self.finished,
+                "behaviors": self.upgrades.status(), "upgrades": self.upgrades.push_report(),
+                "training_finished": self.finished,
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
 
     def close(self) -> None:

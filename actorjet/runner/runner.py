@@ -27,6 +27,17 @@ from actorjet.runtime.node import NODE_AGENT_NAME, NodeAgent, on_node
 POLL_S = 0.02
 
 
+def load_behavior(payload) -> tuple[object, str, str]:
+    """(function, error, traceback): code that fails to verify or to unpickle never crashes
+    the runner; it is reported and the runner keeps its old version."""
+    try:
+        return behaviors.load(payload), "", ""
+    except behaviors.BehaviorRejected as e:
+        return None, f"refused: {e}", ""
+    except Exception as e:  # noqa: BLE001 - unpickling runs arbitrary code
+        return None, f"could not load: {type(e).__name__}: {e}", traceback.format_exc(limit=-8)
+
+
 def run_episode(fn, task: dict, urls: dict, episode: dict) -> dict:
     """One episode; any exception stays inside it and is reported as the episode's error."""
     try:
@@ -36,7 +47,7 @@ def run_episode(fn, task: dict, urls: dict, episode: dict) -> dict:
         return {"episode_id": episode["episode_id"], "reward": reward}
     except Exception as e:  # noqa: BLE001 - agent code may fail in any way
         return {"episode_id": episode["episode_id"], "reward": None,
-                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=5)}
+                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=-8)}
 
 
 class AgentRunner(ManagedActor):
@@ -53,8 +64,10 @@ class AgentRunner(ManagedActor):
         self.concurrency = int(train.get("runner_concurrency", 8))
         self.group_size = int(train.get("group_size", 1))
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="episode")
-        self.behaviors: dict[str, tuple[int, object]] = {}
+        self.behaviors: dict[str, dict[int, object]] = {}   # name → {version: function}
+        self.current: dict[str, int] = {}                    # name → version new leases get
         self.groups: dict[str, tuple[dict, list[Future]]] = {}
+        self.canaries: dict[str, tuple[m.Canary, list[Future], object]] = {}
         self.waiting_for_leases = False
         self.retry_at = 0.0
         self.polling = False
@@ -76,23 +89,75 @@ class AgentRunner(ManagedActor):
         if free <= 0:
             return
         self.waiting_for_leases = True
-        self.send(self.registry, m.LeaseRequest(self.runner_id, max(1, free),
-                                                {k: v for k, (v, _) in self.behaviors.items()}))
+        self.send(self.registry, m.LeaseRequest(self.runner_id, max(1, free), dict(self.current)))
+
+    def _install(self, payload) -> str:
+        """Load a version and make it current; the error text if it cannot be loaded."""
+        fn, error, tb = load_behavior(payload)
+        if fn is None:
+            log.error("%s: behavior %s v%s %s\n%s", self.runner_id, payload.get("name") if isinstance(
+                payload, dict) else "?", payload.get("version") if isinstance(payload, dict) else "?", error, tb)
+            return error
+        versions = self.behaviors.setdefault(payload["name"], {})
+        versions[payload["version"]] = fn
+        for old in sorted(versions)[:-8]:        # keep a few: in-flight leases may still need them
+            if old != payload["version"]:
+                del versions[old]
+        self.current[payload["name"]] = payload["version"]
+        return ""
+
+    def receiveMsg_BehaviorUpdate(self, msg: m.BehaviorUpdate, sender):
+        """Swap between episodes: new leases get the new version; episodes in flight finish
+        on their old one (policy finish) or are reported aborted at once (policy abort)."""
+        name, version = msg.payload.get("name"), msg.payload.get("version")
+        error = self._install(msg.payload)
+        if not error and msg.policy == "abort":
+            for group_id, (lease, _) in list(self.groups.items()):
+                if lease["behavior"] == name and lease["version"] != version:
+                    del self.groups[group_id]     # the threads finish on their own; results ignored
+                    results = [{"episode_id": ep["episode_id"], "reward": None,
+                                "error": f"upgrade abort: {name} v{version} replaced v{lease['version']}"}
+                               for ep in lease["episodes"]]
+                    self.send(self.registry, m.GroupResult(self.runner_id, group_id, results))
+        self.send(sender, m.BehaviorLoaded(self.runner_id, str(name), int(version or 0), error))
+        self._ask_for_work()
+
+    def receiveMsg_Canary(self, msg: m.Canary, sender):
+        name, version = msg.payload.get("name"), msg.payload.get("version")
+        fn, error, tb = load_behavior(msg.payload)
+        if fn is None:
+            self.send(sender, m.CanaryResult(self.runner_id, name, version, False, error, tb))
+            return
+        lease = msg.lease
+        futures = [self.pool.submit(run_episode, fn, task, lease["urls"], ep)
+                   for task, ep in zip(lease["tasks"], lease["episodes"])]
+        self.canaries[lease["group_id"]] = (msg, futures, sender)
+        self._poll_soon()
+
+    def _finish_canaries(self) -> None:
+        for group_id, (msg, futures, reply_to) in list(self.canaries.items()):
+            if not all(f.done() for f in futures):
+                continue
+            del self.canaries[group_id]
+            results = [f.result() for f in futures]
+            failed = next((r for r in results if r.get("error")), None)
+            self.send(reply_to, m.CanaryResult(
+                self.runner_id, msg.payload["name"], msg.payload["version"], failed is None,
+                failed["error"] if failed else "", failed.get("traceback", "") if failed else "",
+                [r["reward"] for r in results]))
 
     def receiveMsg_Leases(self, msg: m.Leases, sender):
         self.waiting_for_leases = False
-        for name, payload in msg.behaviors.items():
-            try:
-                self.behaviors[name] = (payload["version"], behaviors.load(payload))
-            except behaviors.BehaviorRejected as e:
-                log.error("%s refused behavior %s: %s", self.runner_id, name, e)
+        for payload in msg.behaviors.values():
+            self._install(payload)
         for lease in msg.leases:
-            if lease["behavior"] not in self.behaviors:
-                results = [{"episode_id": ep["episode_id"], "reward": None, "error": "behavior refused"}
+            fn = self.behaviors.get(lease["behavior"], {}).get(lease["version"])
+            if fn is None:
+                results = [{"episode_id": ep["episode_id"], "reward": None,
+                            "error": f"behavior {lease['behavior']} v{lease['version']} could not be loaded here"}
                            for ep in lease["episodes"]]
                 self.send(self.registry, m.GroupResult(self.runner_id, lease["group_id"], results))
                 continue
-            _, fn = self.behaviors[lease["behavior"]]
             futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
                        for ep in lease["episodes"]]
             self.groups[lease["group_id"]] = (lease, futures)
@@ -111,6 +176,7 @@ class AgentRunner(ManagedActor):
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         self.polling = False
+        self._finish_canaries()
         for group_id, (lease, futures) in list(self.groups.items()):
             if all(f.done() for f in futures):
                 del self.groups[group_id]
@@ -122,7 +188,7 @@ class AgentRunner(ManagedActor):
                 self.episodes_done += len(results)
                 self.send(self.registry, m.GroupResult(self.runner_id, group_id, results))
         self._ask_for_work()
-        if self.groups or not self.waiting_for_leases:
+        if self.groups or self.canaries or not self.waiting_for_leases:
             self._poll_soon()
 
     def on_stop(self) -> None:

@@ -255,3 +255,65 @@ class Trained:
 class ClientEvent:
     """Gateway → registry: a client-mode episode was opened, ended or aborted."""
     event: dict
+
+
+# --- live code iteration (actorjet upgrade / rollback) -------------------------------------
+
+@dataclass
+class Upgrade:
+    """`actorjet upgrade` → registry: new code for the behavior of task ``upload["name"]``."""
+    upload: dict                 # registry/behaviors.py sign_upload(): {name, blob, source, sig}
+    canary: int = 0              # episodes to run on one runner before anyone else gets it
+    policy: str = "finish"       # finish | abort: what happens to episodes in flight on the old code
+    timeout_s: float = 120.0     # for the canary
+
+
+@dataclass
+class Rollback:
+    name: str
+    to: int | None = None        # None: the version that was current before this one
+    policy: str = "finish"
+
+
+@dataclass
+class UpgradeReply:
+    ok: bool
+    name: str
+    version: int | None = None
+    error: str = ""
+    traceback: str = ""
+    runners: list = field(default_factory=list)    # runner ids the version was pushed to
+
+
+@dataclass
+class BehaviorUpdate:
+    """Registry → runner: swap to this version between episodes (policy for the ones in flight)."""
+    payload: dict                # signed: registry/behaviors.py sign()
+    policy: str = "finish"
+
+
+@dataclass
+class BehaviorLoaded:
+    """Runner → registry: the version it now runs, or why it could not load it."""
+    runner_id: str
+    name: str
+    version: int
+    error: str = ""
+
+
+@dataclass
+class Canary:
+    """Registry → one runner: load this version and run these episodes; train nothing."""
+    payload: dict
+    lease: dict                  # {group_id, tasks: [...], urls, episodes: [{episode_id, api_key}]}
+
+
+@dataclass
+class CanaryResult:
+    runner_id: str
+    name: str
+    version: int
+    ok: bool
+    error: str = ""
+    traceback: str = ""
+    rewards: list = field(default_factory=list)

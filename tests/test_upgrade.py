@@ -1,0 +1,175 @@
+"""Live code iteration during a real training run: upgrade, canary, rollback, bad payloads,
+and replacing a whole node — training never stops and every episode names its code."""
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from actorjet.registry.behaviors import sign_upload
+from actorjet.runtime import messages as m
+from actorjet.runtime.head import attach_root, lookup, status
+from swarm import REPO, wait_until
+
+pytestmark = pytest.mark.slow
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+[train]
+group_size = 4
+groups_per_step = 2
+steps = 100000
+runner_concurrency = 8
+"""
+
+# Each version of the behavior writes "TAG episode_id" to a log, so the test can check that
+# the version an episode is labelled with is the code that really ran it.
+BEHAVIOR = """
+def behavior(task, llm):
+    reply = llm.client().chat.completions.create(
+        model=llm.model(), max_tokens=4, messages=[{{"role": "user", "content": task["question"]}}])
+    with open({log!r}, "a") as f:
+        f.write("{tag} " + llm.episode_id + "\\n")
+    {extra}
+    return float((reply.choices[0].message.content or "").strip() == task["answer"])
+"""
+
+
+def write_behavior(tmp_path, tag, extra="pass"):
+    path = tmp_path / f"behavior_{tag}.py"
+    path.write_text(textwrap.dedent(BEHAVIOR.format(log=str(tmp_path / "ran.log"), tag=tag, extra=extra)))
+    return path
+
+
+def cli(*args, run=None, env=None):
+    extra = ["--run-dir", str(run)] if run else []
+    return subprocess.run([sys.executable, "-m", "actorjet.cli.main", *args, *extra],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+
+
+def groups(run):
+    path = run / "groups.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def ran_tags(tmp_path):
+    path = tmp_path / "ran.log"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return dict(reversed(line.split()) for line in lines)       # episode id → tag
+
+
+def check_labels(run, tmp_path, tag_of_version):
+    """Every logged group names the version whose code ran all of its episodes."""
+    tags = ran_tags(tmp_path)
+    checked = 0
+    for g in groups(run):
+        want = tag_of_version.get(g["version"])          # v1 (the config's code) logs nothing
+        for episode_id in g["rewards"]:
+            assert tags.get(episode_id) == want, (g, tags.get(episode_id))
+            checked += 1
+    return checked
+
+
+def test_upgrade_canary_rollback_and_node_replacement_during_training(swarm, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB)
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), extra=["--config", str(job)])
+    node_a, _ = swarm.join(port, token, "a", slots=2)
+    steps = lambda: status(*attach_root(port))["models"][0]["learner_step"]  # noqa: E731
+    wait_until(lambda: steps() >= 1, 90, interval_s=0.5, what="first learner step")
+
+    # upgrade: v2 reaches both runners, and new groups are labelled v2 and ran v2's code
+    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'A')}:behavior", run=run)
+    assert out.returncode == 0, out.stderr
+    assert "arithmetic v2 is live on 2 runners" in out.stdout
+    wait_until(lambda: any(g["version"] == 2 for g in groups(run)), 30, what="a v2 group")
+    data = status(*attach_root(port))
+    behavior = data["behaviors"][0]
+    assert behavior["name"] == "arithmetic" and behavior["version"] == 2 and behavior["runners"] == 2
+    assert [(v["version"], v["state"]) for v in behavior["versions"]] == [(1, "retired"), (2, "active")]
+
+    # a canary that passes, then one whose episodes raise: refused with the traceback
+    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'B')}:behavior", "--canary", "2", run=run)
+    assert out.returncode == 0, out.stderr
+    assert "arithmetic v3 is live" in out.stdout
+    bad = write_behavior(tmp_path, "C", extra="1 / 0")
+    out = cli("upgrade", "arithmetic", f"{bad}:behavior", "--canary", "2", run=run)
+    assert out.returncode == 2
+    assert "ZeroDivisionError" in out.stderr and "v3 keeps running" in out.stderr
+    behavior = status(*attach_root(port))["behaviors"][0]
+    assert behavior["version"] == 3 and behavior["versions"][-1]["state"] == "refused"
+
+    # payloads that are tampered with, signed with another key, or raw pickles: refused unread
+    asys, root = attach_root(port)
+    registry = lookup(asys, root, "registry")
+    good = sign_upload(token, "arithmetic", b"\x80\x04N.", "test")
+    flipped = dict(good, blob=b"\x80\x04X.")
+    for upload in (flipped, sign_upload("other-key", "arithmetic", b"\x80\x04N.", ""), b"\x80\x04N."):
+        reply = asys.ask(registry, m.Upgrade(upload), 10)
+        assert isinstance(reply, m.UpgradeReply) and not reply.ok and "refused" in reply.error
+
+    # rollback restores the code of the version before (v2, tag A)
+    out = cli("rollback", "arithmetic", run=run)
+    assert out.returncode == 0, out.stderr
+    assert "arithmetic v2 is live" in out.stdout
+    before = len(groups(run))
+    wait_until(lambda: [g for g in groups(run)[before:] if g["version"] == 2], 30, what="v2 groups after rollback")
+
+    # policy abort: episodes in flight on the old code are aborted (counted), not trained
+    slow = write_behavior(tmp_path, "S", extra="import time; time.sleep(3)")
+    assert cli("upgrade", "arithmetic", f"{slow}:behavior", run=run).returncode == 0
+    time.sleep(0.5)
+    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'D')}:behavior", "--policy", "abort", run=run)
+    assert out.returncode == 0, out.stderr
+    wait_until(lambda: status(*attach_root(port))["aborted_by_cause"].get("upgrade abort", 0) >= 4, 10,
+               what="in-flight v5 episodes aborted")
+
+    # replace the whole node: training goes on
+    step_before = steps()
+    out = cli("leave", "--name", "a", env=swarm.env)
+    assert out.returncode == 0, out.stderr
+    node_a.wait_exit(30)
+    swarm.join(port, token, "b", slots=2)
+    wait_until(lambda: steps() >= step_before + 2, 90, interval_s=0.5, what="learner steps after node swap")
+
+    assert check_labels(run, tmp_path, {2: "A", 3: "B", 5: "S", 6: "D"}) > 0
+    assert not [g for g in groups(run) if g["version"] == 5], "aborted v5 groups must not be trained"
+    data = status(*attach_root(port))
+    causes = data["aborted_by_cause"]
+    assert not any(c.startswith("behavior error") for c in causes), causes    # no swap failed an episode
+    assert {"v2", "v3"} <= {tag.split("@")[1] for r in _train_rows(run) for tag in r.get("by_behavior", {})}
+
+
+def test_user_mistakes_get_one_line_errors(swarm, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(JOB)
+    run = tmp_path / "run"
+    swarm.head(run, str(REPO / "supervisors" / "default.toml"), extra=["--config", str(job)])
+    good = write_behavior(tmp_path, "A")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def behavior(task, llm):\n    return (\n")
+    cases = [(["upgrade", "nosuchtask", f"{good}:behavior"], "no task named 'nosuchtask'"),
+             (["upgrade", "arithmetic", str(good)], "expected FILE.py:FUNCTION"),
+             (["upgrade", "arithmetic", f"{good}:missing"], "has no function 'missing'"),
+             (["upgrade", "arithmetic", f"{broken}:behavior"], "failed to import"),
+             (["upgrade", "arithmetic", f"{tmp_path}/nope.py:behavior"], "no such file"),
+             (["rollback", "arithmetic"], "no earlier version"),
+             (["rollback", "arithmetic", "--to", "7"], "has no version 7")]
+    for args, message in cases:
+        out = cli(*args, run=run)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+        assert "Traceback (most recent call last)" not in out.stderr or "failed to import" in out.stderr
+
+
+def _train_rows(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == "train"]
