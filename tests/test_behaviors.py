@@ -48,3 +48,55 @@ def test_a_node_without_a_secret_refuses_everything(monkeypatch):
     monkeypatch.delenv("ACTORJET_TOKEN", raising=False)
     with pytest.raises(BehaviorRejected, match="no cluster secret"):
         load(sign("s", "b", 1, cloudpickle.dumps(len)))
+
+
+# -- versions kept in the run directory ------------------------------------------------------
+
+def test_store_keeps_versions_across_restarts_and_knows_the_previous_one(tmp_path):
+    from actorjet.registry.behavior_store import BehaviorStore
+
+    store = BehaviorStore(tmp_path)
+    v1 = store.add("arith", b"one", "a.py:f")
+    store.activate("arith", v1)
+    v2 = store.add("arith", b"two", "b.py:f")
+    store.activate("arith", v2)
+    v3 = store.add("arith", b"three", "c.py:f")
+    store.mark("arith", v3, "refused", "canary raised")
+    again = BehaviorStore(tmp_path)                   # a restarted registry
+    assert (v1, v2, v3) == (1, 2, 3)
+    assert again.current("arith") == 2 and again.previous("arith") == 1
+    assert again.blob("arith", 1) == b"one"
+    assert [v["state"] for v in again.index("arith")["versions"]] == ["retired", "active", "refused"]
+    with pytest.raises(ValueError):
+        store.add("../escape", b"x", "")
+
+
+def test_task_source_serves_the_stored_version_unless_the_config_changed(tmp_path):
+    from actorjet.registry.behavior_store import BehaviorStore
+    from actorjet.registry.episodes import TaskSource
+
+    cfg = {"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}
+    store = BehaviorStore(tmp_path)
+    first = TaskSource(cfg, 0, "secret", store)
+    assert first.version == 1
+    upgraded = store.add("arithmetic", cloudpickle.dumps(lambda task, llm: 0.25), "upgrade")
+    store.activate("arithmetic", upgraded)
+    restarted = TaskSource(cfg, 0, "secret", store)
+    assert restarted.version == 2 and load(restarted.payload, "secret")({}, None) == 0.25
+    changed = TaskSource(dict(cfg, behavior="agents.arithmetic_v2:behavior"), 0, "secret", store)
+    assert changed.version == 3 and store.current("arithmetic") == 3
+
+
+def test_a_runner_reports_code_that_fails_to_unpickle_instead_of_crashing(monkeypatch):
+    from actorjet.runner.runner import load_behavior
+
+    monkeypatch.setenv("ACTORJET_TOKEN", "s")      # the secret a runner's node was joined with
+
+    class NeedsAMissingModule:
+        def __reduce__(self):
+            return (__import__, ("module_only_on_the_uploaders_machine",))
+
+    fn, error, tb = load_behavior(sign("s", "b", 2, pickle.dumps(NeedsAMissingModule())))
+    assert fn is None and "could not load: ModuleNotFoundError" in error and "Traceback" in tb
+    fn, error, _ = load_behavior(sign("other", "b", 2, b"x"))
+    assert fn is None and error.startswith("refused: bad signature")
