@@ -6,12 +6,17 @@ For each workload: training tokens, learner step wall time (forward + backward, 
 GRPO step) per model, speedup vs none, and the lower bound (the trie's token count).
 Workloads are synthetic token streams shaped like real episodes (sizes scaled per model
 to its context length), plus one recorded from real episodes through the gateway.
+A learner step trains a batch of episodes, as in a real run (``EPISODES`` per model: 16
+on the tiny model like the recorded workload; fewer on SmolLM2 to keep the unmerged
+baseline affordable on a CPU), packed with the merger's own limit of 4096 tokens per
+tree.  Timing one episode per step would mostly measure the fixed cost of a step.
 Writes bench/results/context.json.
 """
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -20,10 +25,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from actorjet.context.pack import pack, pack_tree, repair_drift  # noqa: E402
+from actorjet.context.pack import lower_bound, pack, repair_drift  # noqa: E402
 from common import table, write  # noqa: E402
 
 SCALE = {"tiny-arith": 1, "smollm2-135m": 4}          # token sizes × this (tiny: 256 positions)
+EPISODES = {"tiny-arith": 16, "smollm2-135m": 2}      # episodes per learner step
+TREE_MAX_TOKENS = 4096                                # as in actorjet/context/merger.py
+
+
+def batch(make, episodes: int, rng) -> list:
+    """``episodes`` independent episodes of one workload (fresh tokens each)."""
+    calls = []
+    for k in range(episodes):
+        for call in make(rng):
+            call["episode_id"] = f"e{k}"
+            calls.append(call)
+    return calls
 
 
 def _call(prompt, completion, role="agent", index=0, rng=None):
@@ -96,16 +113,24 @@ def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
     return [c for calls in recorded.values() for c in calls], decode
 
 
-def step_time(model, samples: list[dict], repeats: int) -> float:
+def step_times(model, packings: dict[str, list[dict]], repeats: int) -> dict[str, float]:
+    """Median learner-step time per packing, measured in interleaved rounds so that drifts
+    of the machine (other processes, thermal) hit every packing alike."""
     from actorjet.models.grpo import GRPOConfig, grpo_step
 
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    grpo_step(model, opt, samples, GRPOConfig(), 0)        # warm-up
-    t0, n = time.perf_counter(), 0
-    while n < repeats or time.perf_counter() - t0 < 0.5:  # small steps: repeat for a stable mean
-        grpo_step(model, opt, samples, GRPOConfig(), 0)
-        n += 1
-    return (time.perf_counter() - t0) / n
+    times: dict[str, list[float]] = {mode: [] for mode in packings}
+    for samples in packings.values():
+        grpo_step(model, opt, samples, GRPOConfig(), 0)        # warm-up
+    rounds = max(repeats, 1)
+    for _ in range(rounds):
+        for mode, samples in packings.items():
+            t0, n = time.perf_counter(), 0
+            while n < 1 or time.perf_counter() - t0 < 0.1:    # small steps: repeat within a round
+                grpo_step(model, opt, samples, GRPOConfig(), 0)
+                n += 1
+            times[mode].append((time.perf_counter() - t0) / n)
+    return {mode: statistics.median(t) for mode, t in times.items()}
 
 
 def main() -> None:
@@ -115,7 +140,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="tiny-arith,smollm2-135m")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (median)")
     ap.add_argument("--out", default="context", help="results file name under bench/results/")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -124,11 +149,13 @@ def main() -> None:
         path = Path(prepare(normalize({"models": [{"name": "m", "source": source}]}))["models"][0]["path"])
         vocab = AutoConfig.from_pretrained(path).vocab_size
         model = AutoModelForCausalLM.from_pretrained(path)
-        s, rng = SCALE.get(source, 4), random.Random(0)
-        workloads = {"multi-turn 3": multi_turn(3, s, vocab, rng), "multi-turn 10": multi_turn(10, s, vocab, rng),
-                     "multi-turn 20": multi_turn(20, s, vocab, rng),
-                     "3 agents, shared history": shared_history(3, 4, s, vocab, rng),
-                     "retry-heavy": retry_heavy(8, s, vocab, rng), "GRPO group of 8": grpo_group(8, s, vocab, rng)}
+        s, rng, n = SCALE.get(source, 4), random.Random(0), EPISODES.get(source, 2)
+        workloads = {"multi-turn 3": batch(lambda r: multi_turn(3, s, vocab, r), n, rng),
+                     "multi-turn 10": batch(lambda r: multi_turn(10, s, vocab, r), n, rng),
+                     "multi-turn 20": batch(lambda r: multi_turn(20, s, vocab, r), n, rng),
+                     "3 agents, shared history": batch(lambda r: shared_history(3, 4, s, vocab, r), n, rng),
+                     "retry-heavy": batch(lambda r: retry_heavy(8, s, vocab, r), n, rng),
+                     "GRPO group of 8": batch(lambda r: grpo_group(8, s, vocab, r), max(1, n // 8), rng)}
         repairs = 0
         if source == "tiny-arith":
             real, decode = real_episodes(path)
@@ -137,13 +164,15 @@ def main() -> None:
             with_adv = [(c, random.Random(i).uniform(-1, 1)) for i, c in enumerate(calls)]
             if name.startswith("real"):
                 repairs = repair_drift(with_adv, decode)
-            bound = sum(len(p.input_ids) for p in pack_tree(with_adv))
-            entry = {"calls": len(calls), "lower_bound_tokens": bound,
+            bound = lower_bound(with_adv)
+            entry = {"calls": len(calls), "episodes": len({c["episode_id"] for c in calls}), "lower_bound_tokens": bound,
                      "drift_repairs": repairs if name.startswith("real") else 0}
-            for mode in ("none", "prefix", "tree"):
-                packed = [p.to_dict() for p in pack(with_adv, mode)]
-                tokens = sum(len(p["input_ids"]) for p in packed)
-                entry[mode] = {"tokens": tokens, "sequences": len(packed), "step_s": step_time(model, packed, args.repeats)}
+            packings = {mode: [p.to_dict() for p in pack(with_adv, mode, max_tokens=TREE_MAX_TOKENS)]
+                        for mode in ("none", "prefix", "tree")}
+            for mode, seconds in step_times(model, packings, args.repeats).items():
+                packed = packings[mode]
+                entry[mode] = {"tokens": sum(len(p["input_ids"]) for p in packed), "sequences": len(packed),
+                               "step_s": seconds}
             for mode in ("prefix", "tree"):
                 entry[mode]["speedup"] = entry["none"]["step_s"] / entry[mode]["step_s"]
                 entry[mode]["token_ratio"] = entry["none"]["tokens"] / entry[mode]["tokens"]

@@ -81,12 +81,20 @@ def reference_terms(model_, calls):
     return out
 
 
-@pytest.mark.parametrize("mode", ["prefix", "tree"])
+def packed_for(group, mode):
+    """``tree-split``: tree packing with a tiny size limit, so subtrees are split at their
+    branches and shared paths are repeated (the terms of a repeated token counted once)."""
+    if mode == "tree-split":
+        return [p.to_dict() for p in pack(group, "tree", max_tokens=10)]
+    return [p.to_dict() for p in pack(group, mode)]
+
+
+@pytest.mark.parametrize("mode", ["prefix", "tree", "tree-split"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=episodes())
 def test_packed_logprobs_equal_unmerged_and_every_token_counts_once(model, mode, calls):
     for group in by_model(calls).values():
-        packed = [p.to_dict() for p in pack(group, mode)]
+        packed = packed_for(group, mode)
         assert sum(len(p["terms"]) for p in packed) == sum(len(c["completion_ids"]) for c, _ in group)
         assert sum(len(p["input_ids"]) for p in packed) <= sum(len(full_ids(c)) for c, _ in group)
         with torch.no_grad():
@@ -109,9 +117,9 @@ def gradient(model_dir, samples):
 def test_gradient_is_the_same_for_none_prefix_and_tree(calls):
     model_dir = zoo.tiny_arith(0)
     group = by_model(calls)["m"] if "m" in by_model(calls) else next(iter(by_model(calls).values()))
-    grads = {mode: gradient(model_dir, [p.to_dict() for p in pack(group, mode)]) for mode in ("none", "prefix", "tree")}
-    assert (grads["prefix"] - grads["none"]).abs().max() <= TOLERANCE
-    assert (grads["tree"] - grads["none"]).abs().max() <= TOLERANCE
+    grads = {mode: gradient(model_dir, packed_for(group, mode)) for mode in ("none", "prefix", "tree", "tree-split")}
+    for mode in ("prefix", "tree", "tree-split"):
+        assert (grads[mode] - grads["none"]).abs().max() <= TOLERANCE, mode
 
 
 def test_a_multi_turn_chain_collapses_to_one_sequence_and_a_group_shares_its_prompt():

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from actorjet.context import pack
+from actorjet.context import align, pack
 from actorjet.context.samples import group_advantages, reward_for
+from actorjet.models.openai_api import render_prompt
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -111,14 +112,13 @@ class Merger(ManagedActor):
         if batch["groups"] >= self.groups_per_step:
             self._flush(model)
 
-    def _decoder(self, model: str):
+    def _tokenizer(self, model: str):
         if model not in self.tokenizers:
             from transformers import AutoTokenizer
 
             cfg = next(m for m in self.context["job"]["models"] if m["name"] == model)
             self.tokenizers[model] = AutoTokenizer.from_pretrained(cfg["path"])
-        tok = self.tokenizers[model]
-        return lambda ids: tok.decode(ids, skip_special_tokens=True)
+        return self.tokenizers[model]
 
     def _flush(self, model: str) -> None:
         batch = self.pending.pop(model)
@@ -129,9 +129,19 @@ class Merger(ManagedActor):
         batch["by_behavior"] = {tag: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
                                 for tag, v in batch.get("by_behavior", {}).items()}
         mode = self.merge_modes.get(model, "none")
-        repairs = pack.repair_drift(calls, self._decoder(model)) if mode != "none" else 0
+        cfg = next(m for m in self.context["job"]["models"] if m["name"] == model)
+        repairs = tools_unified = text_aligned = 0
+        if mode != "none":
+            tok = self._tokenizer(model)
+            if cfg.get("merge_ignore_tools"):
+                tools_unified = align.unify_tools(calls, lambda msgs, tools: render_prompt(tok, msgs, tools))
+            if cfg.get("merge_match") == "text":
+                text_aligned = align.align_text(calls, lambda ids: tok.decode(
+                    ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+            repairs = pack.repair_drift(calls, lambda ids: tok.decode(ids, skip_special_tokens=True))
         packed = pack.pack(calls, mode, max_tokens=self.tree_max_tokens)
         stats = dict(batch, **pack.stats(calls, packed), merge=mode, sequences=len(packed), drift_repairs=repairs,
+                     tools_unified=tools_unified, text_aligned=text_aligned,
                      reward_mean=sum(rewards) / max(1, len(rewards)), created=time.time())
         torch.save({"model": model, "samples": [p.to_dict() for p in packed], "stats": stats,
                     "groups": group_log}, path)

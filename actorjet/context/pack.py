@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MODES = ("none", "prefix", "tree")
+SHARE_MIN = 0.1     # tree packing keeps a subtree together when that saves >= 10% of its tokens
 
 
 @dataclass
@@ -111,18 +112,24 @@ def _hash(ids: list[int]) -> int:
 
 
 def pack_tree(calls: list[tuple[dict, float]], max_tokens: int | None = None) -> list[Packed]:
-    """All calls of one model in one trie (one packed sample per ``max_tokens`` of nodes)."""
-    out: list[Packed] = []
-    current = _Trie()
+    """All calls of one model in one trie, laid out as one packed sample per subtree.
+
+    Unrelated subtrees (different episodes that share no first token) become separate
+    samples: packing them together would only add attention between tokens that must not
+    see each other, which costs O(n²) for nothing.  A subtree larger than ``max_tokens`` is
+    split at its branches, each part repeating the shared path above it."""
+    trie = _Trie()
     for call, adv in calls:
-        ids = full_ids(call)
-        if max_tokens and current.size and current.size + len(ids) > max_tokens:
-            out.append(current.layout())
-            current = _Trie()
-        current.add(ids, len(call["prompt_ids"]), _terms(call, 0, adv))
-    if current.size:
-        out.append(current.layout())
-    return out
+        trie.add(full_ids(call), len(call["prompt_ids"]), _terms(call, 0, adv))
+    return trie.layouts(max_tokens or 1 << 62)
+
+
+def lower_bound(calls: list[tuple[dict, float]]) -> int:
+    """Tokens in the trie of all calls: no packing can train on fewer."""
+    trie = _Trie()
+    for call, adv in calls:
+        trie.add(full_ids(call), len(call["prompt_ids"]), [])
+    return trie.size
 
 
 class _Trie:
@@ -151,27 +158,73 @@ class _Trie:
         for (k, adv, lp, temp, version) in terms:     # k counts completion tokens from 0
             self.terms[path[prompt_len + k]].append((adv, lp, temp, version))
 
-    def layout(self) -> Packed:
-        """Depth-first order: ancestors before descendants, each branch contiguous."""
-        packed = Packed(linear=True)
-        index: dict[int, int] = {}
-        stack = [(child, 0) for child in reversed(list(self.children[0].values()))]
-        roots = len(self.children[0])
+    def layouts(self, max_tokens: int) -> list[Packed]:
+        """Choose the subtrees that become samples.  A node that is split passes its own
+        terms (and those it carries) to its first child's sample, so every term is in
+        exactly one sample even when its token is repeated as a shared path."""
+        depth, size = [0] * len(self.token), [1] * len(self.token)
+        order = range(1, len(self.token))            # nodes are numbered parents first
+        for n in order:
+            depth[n] = depth[self.parent[n]] + 1
+        for n in reversed(order):
+            if self.parent[n] > 0:
+                size[self.parent[n]] += size[n]
+        out: list[Packed] = []
+        stack = [(child, []) for child in reversed(list(self.children[0].values()))]
         while stack:
-            node, depth = stack.pop()
+            node, carried = stack.pop()
+            kids = list(self.children[node].values())
+            if not kids or ((depth[node] - 1) + size[node] <= max_tokens and self._worth_sharing(node, depth, size)):
+                out.append(self._layout(node, carried, depth[node] - 1))
+                continue
+            stack += [(kid, carried + [node] if k == 0 else []) for k, kid in reversed(list(enumerate(kids)))]
+        return out
+
+    def _worth_sharing(self, node: int, depth: list[int], size: list[int]) -> bool:
+        """Is one tree-masked sample better than one linear sample per branch here?  Only
+        when sharing saves a real share of the tokens (>= SHARE_MIN of the subtree): a tree
+        sample is padded to its full width in a batch and needs a dense 4D mask, so sharing
+        one or two tokens between otherwise unrelated sequences costs more than it saves."""
+        saved, stack = 0, [node]
+        while stack:
+            n = stack.pop()
+            kids = list(self.children[n].values())
+            if len(kids) > 1:
+                saved += depth[n] * (len(kids) - 1)
+            stack += kids
+        return saved >= SHARE_MIN * (depth[node] - 1 + size[node])
+
+    def _layout(self, top: int, carried: list[int], above: int) -> Packed:
+        """The path above ``top`` (linear), then ``top``'s subtree depth-first: ancestors
+        before descendants, each branch contiguous, position = depth."""
+        packed = Packed(linear=True)
+        path, n = [], self.parent[top]
+        while n > 0:
+            path.append(n)
+            n = self.parent[n]
+        path.reverse()
+        carried_set = set(carried)
+        for i, node in enumerate(path):
+            packed.input_ids.append(self.token[node])
+            packed.position_ids.append(i)
+            packed.parents.append(i - 1)
+            if node in carried_set:
+                packed.terms += [(i, *t) for t in self.terms[node]]
+        index: dict[int, int] = {}
+        stack = [(top, above)]
+        while stack:
+            node, d = stack.pop()
             i = len(packed.input_ids)
             index[node] = i
-            parent = index.get(self.parent[node], -1) if self.parent[node] != 0 else -1
+            parent = index.get(self.parent[node], i - 1 if node == top else -1)
             packed.input_ids.append(self.token[node])
-            packed.position_ids.append(depth)
+            packed.position_ids.append(d)
             packed.parents.append(parent)
             if parent != i - 1:
                 packed.linear = False
-            for adv, lp, temp, version in self.terms[node]:
-                packed.terms.append((i, adv, lp, temp, version))
-            stack += [(child, depth + 1) for child in reversed(list(self.children[node].values()))]
-        if roots > 1:
-            packed.linear = False
+            packed.terms += [(i, *t) for t in self.terms[node]]
+            stack += [(child, d + 1) for child in reversed(list(self.children[node].values()))]
+        packed.terms.sort()
         return packed
 
 

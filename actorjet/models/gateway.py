@@ -150,11 +150,9 @@ class Gateway:
         messages, tools = api.parse_messages(body), api.parse_tools(body)
         s = api.parse_sampling(body)
         try:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                      tokenize=False)
+            prompt_ids = api.render_prompt(self.tokenizer, messages, tools)
         except Exception as e:  # noqa: BLE001 - a template rejects what the model cannot take
             raise ApiError(400, f"the chat template rejected these messages: {e}", "messages") from None
-        prompt_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         max_tokens = self._budget(prompt_ids, s)
         results = await self._generate(prompt_ids, s, max_tokens)
         role = request.headers.get("X-ActorJet-Role", "default")

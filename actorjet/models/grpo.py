@@ -38,13 +38,15 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
         for b, s in enumerate(samples):
             mask[b, :len(s["input_ids"])] = 1
     else:
-        mask = torch.zeros((B, 1, width, width), dtype=torch.bool)
+        mask = torch.eye(width, dtype=torch.bool).repeat(B, 1, 1, 1)   # padding sees itself only
         for b, s in enumerate(samples):
+            n = len(s["parents"])
+            if s["linear"]:
+                mask[b, 0, :n, :n] = torch.ones((n, n), dtype=torch.bool).tril()
+                continue
             for i, parent in enumerate(s["parents"]):       # ancestors of i = ancestors of parent + i
                 if parent >= 0:
                     mask[b, 0, i] = mask[b, 0, parent]
-                mask[b, 0, i, i] = True
-            for i in range(len(s["parents"]), width):        # padding sees itself only
                 mask[b, 0, i, i] = True
     rows = [(b, s["parents"][t[0]], s["input_ids"][t[0]], *t[1:4])
             for b, s in enumerate(samples) for t in s["terms"]]
@@ -70,15 +72,19 @@ def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
 
 
-def micro_batches(samples: list[dict], max_tokens: int) -> list[list[dict]]:
+def micro_batches(samples: list[dict], max_tokens: int, max_padding: float = 0.3) -> list[list[dict]]:
+    """Samples sorted by length, cut into chunks of at most ``max_tokens`` padded tokens,
+    and cut early where padding would exceed ``max_padding`` of a chunk's real tokens."""
     order = sorted(samples, key=lambda s: len(s["input_ids"]))
-    chunks, current = [], []
+    chunks, current, real = [], [], 0
     for s in order:
-        width = max([len(x["input_ids"]) for x in current] + [len(s["input_ids"])])
-        if current and width * (len(current) + 1) > max_tokens:
+        width = len(s["input_ids"])        # the longest so far: the list is sorted
+        padded = width * (len(current) + 1)
+        if current and (padded > max_tokens or padded > (1 + max_padding) * (real + width)):
             chunks.append(current)
-            current = []
+            current, real = [], 0
         current.append(s)
+        real += width
     if current:
         chunks.append(current)
     return chunks

@@ -108,6 +108,7 @@ class Learner(ManagedActor):
                   **{k: v for k, v in info.items() if k != "skipped"}}
         record.update({k: msg.stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
                                                   "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
+                                                  "tools_unified", "text_aligned",
                                                   "by_behavior") if k in msg.stats})
         metrics.append(self.run_dir, record)
         Path(msg.path).unlink(missing_ok=True)
