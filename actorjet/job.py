@@ -32,7 +32,9 @@ MODEL_DEFAULTS = {
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
 TRAIN_DEFAULTS = {"group_size": 8, "groups_per_step": 32, "steps": 100, "max_staleness": 1,
-                  "seed": 0, "lease_timeout_s": 120.0, "runner_concurrency": 32}
+                  "seed": 0, "lease_timeout_s": 120.0, "runner_concurrency": 32,
+                  "episode_retries": 2,      # rounds of re-running failed members before a group is dropped
+                  "runner_memory_mb": 0.0}   # a runner above this RSS restarts (0: no limit)
 
 
 def tree_path(name: str) -> Path:

@@ -29,7 +29,7 @@ from actorjet.context.pack import lower_bound, pack, repair_drift  # noqa: E402
 from common import table, write  # noqa: E402
 
 SCALE = {"tiny-arith": 1, "smollm2-135m": 4}          # token sizes × this (tiny: 256 positions)
-EPISODES = {"tiny-arith": 16, "smollm2-135m": 2}      # episodes per learner step
+EPISODES = {"tiny-arith": 16, "smollm2-135m": 1}      # episodes per learner step
 TREE_MAX_TOKENS = 4096                                # as in actorjet/context/merger.py
 
 

@@ -1,10 +1,11 @@
-"""The merger actor: finished GRPO groups → per-model training batches on disk.
+"""The merger actor: finished GRPO groups → the ledger → per-model training batches.
 
 For every group the registry reports done, it collects the recorded calls from each
-model's gateway (over HTTP: the data plane), credits each call with its episode's
-group-normalized advantage for that model/role, and once ``groups_per_step`` groups are
-in, packs the calls (context.merge = none | prefix | tree, see pack.py), writes a batch
-file and tells that model's learner.
+model's gateway (over HTTP: the data plane) and commits them to the durable ledger
+(actorjet/ledger.py) before acknowledging.  Whenever ``groups_per_step`` groups are
+pending for a model, it credits each call with its episode's group-normalized advantage
+for that model/role, packs the calls (context.merge = none | prefix | tree, see pack.py),
+writes a batch file and tells that model's learner.
 Groups whose rewards do not vary carry no GRPO signal; they are counted, not trained.
 """
 from __future__ import annotations
@@ -12,21 +13,26 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from actorjet.context import align, pack
 from actorjet.context.samples import group_advantages, reward_for
+from actorjet.ledger import Ledger
 from actorjet.models.openai_api import render_prompt
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
 
 
-def collect_calls(gateway_url: str, token: str, episode_ids: list[str]) -> dict[str, list[dict]]:
+def collect_calls(gateway_url: str, token: str, episode_ids: list[str], release: bool = False) -> dict:
+    """Read an episode's recorded calls (kept by the gateway), or ``release`` them once the
+    ledger holds them."""
     base = gateway_url[:-3] if gateway_url.endswith("/v1") else gateway_url
-    req = urllib.request.Request(base + "/internal/collect", data=json.dumps({"episodes": episode_ids}).encode(),
+    body = {"episodes": episode_ids, "close": False, "release": release}
+    req = urllib.request.Request(base + "/internal/collect", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
@@ -49,16 +55,26 @@ class Merger(ManagedActor):
     def on_init(self) -> None:
         train = self.context["job"]["train"]
         self.groups_per_step = train["groups_per_step"]
+        self.trainable = [m["name"] for m in self.context["job"]["models"] if m.get("trainable", True)]
         self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
         self.tree_max_tokens = 4096
         self.tokenizers: dict = {}
         self.services: dict = {}
-        self.pending: dict[str, dict] = {}     # model → {"samples": [...], "groups": n, "stats": {...}}
         self.batches = 0
-        self.out_dir = Path(self.context["run_dir"]) / "batches"
+        self.run_dir = Path(self.context["run_dir"])
+        self.out_dir = self.run_dir / "batches"
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.groups_log = Path(self.context["run_dir"]) / "groups.jsonl"
+        self.groups_log = self.run_dir / "groups.jsonl"
+        self.ledger = Ledger(self.run_dir)
+        released = self.ledger.release()     # batches of a previous merger: rebuilt from the ledger
+        if released:
+            log.info("merger: %d stored groups from unfinished batches are pending again", released)
+        self.ticking = False
         self._announce()
+
+    def on_stop(self) -> None:
+        if getattr(self, "ledger", None):
+            self.ledger.close()
 
     def _announce(self) -> None:
         self.send(self.registry, m.ServiceUp("", "merger", None, self.myAddress))
@@ -69,48 +85,40 @@ class Merger(ManagedActor):
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.services = msg.services
+        self._flush_ready()
+        if not self.ticking:          # groups released by a learner or a rewind come back here
+            self.ticking = True
+            self.wakeupAfter(timedelta(seconds=1.0))
+
+    def receiveMsg_WakeupMessage(self, msg, sender):
+        self._flush_ready()
+        self.wakeupAfter(timedelta(seconds=1.0))
 
     def receiveMsg_GroupDone(self, msg: m.GroupDone, sender):
+        """Collect → commit to the ledger → release at the gateways → acknowledge.  A crash
+        anywhere before the commit leaves the calls at the gateway and the group unacknowledged,
+        so the registry sends it again to the restarted merger."""
         group = msg.group
         ids = [e["episode_id"] for e in group["episodes"]]
-        rewards = {e["episode_id"]: e["reward"] for e in group["episodes"]}
-        with open(self.groups_log, "a") as f:     # which code produced which episodes, for good
-            f.write(json.dumps({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
-                               | {"rewards": rewards, "t": round(time.time(), 3)}) + "\n")
-        for model, svc in self.services.items():
-            if "learner" not in svc or "gateway" not in svc:
-                continue
-            calls = collect_calls(svc["gateway"]["url"], self.context["token"], ids)
-            self._add(model, group, calls, rewards)
+        gateways = {model: svc["gateway"]["url"] for model, svc in self.services.items()
+                    if "gateway" in svc and model in self.trainable}
+        calls = {model: collect_calls(url, self.context["token"], ids) for model, url in gateways.items()}
+        if self.ledger.store(group, calls):
+            with open(self.groups_log, "a") as f:     # which code produced which episodes, for good
+                f.write(json.dumps({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
+                                   | {"rewards": {e["episode_id"]: e["reward"] for e in group["episodes"]},
+                                      "t": round(time.time(), 3)}) + "\n")
+        for url in gateways.values():
+            collect_calls(url, self.context["token"], ids, release=True)
+        self.send(sender, m.GroupStored(group["group_id"]))
+        self._flush_ready()
 
-    def _add(self, model: str, group: dict, calls: dict[str, list[dict]], rewards: dict) -> None:
-        batch = self.pending.setdefault(model, {"calls": [], "groups": 0, "episodes": 0, "rewards": [],
-                                                "zero_variance_groups": 0, "group_log": []})
-        batch["groups"] += 1
-        batch["episodes"] += len(rewards)
-        # Which code produced these episodes: every group carries its behavior name + version.
-        batch["group_log"].append({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
-                                  | {"episodes": sorted(rewards)})
-        credited = {}
-        for episode_id, episode_calls in calls.items():
-            for call in episode_calls:
-                r = reward_for(rewards[episode_id], model, call["role"])
-                if r is not None:
-                    credited.setdefault(episode_id, r)
-        batch["rewards"] += list(credited.values())
-        tag = f"{group.get('behavior')}@v{group.get('version')}"
-        by = batch.setdefault("by_behavior", {}).setdefault(tag, {"episodes": 0, "reward_sum": 0.0})
-        by["episodes"] += len(credited)
-        by["reward_sum"] += sum(credited.values())
-        if len(credited) >= 2 and len(set(credited.values())) > 1:
-            advantages = group_advantages(credited)
-            for episode_id, episode_calls in calls.items():
-                if episode_id in advantages:
-                    batch["calls"] += [(c, advantages[episode_id]) for c in episode_calls]
-        else:
-            batch["zero_variance_groups"] += 1
-        if batch["groups"] >= self.groups_per_step:
-            self._flush(model)
+    def _flush_ready(self) -> None:
+        for model in self.trainable:
+            if "learner" not in self.services.get(model, {}):
+                continue
+            while self.ledger.count_pending(model) >= self.groups_per_step:
+                self._flush(model, self.ledger.pending(model, self.groups_per_step))
 
     def _tokenizer(self, model: str):
         if model not in self.tokenizers:
@@ -120,14 +128,41 @@ class Merger(ManagedActor):
             self.tokenizers[model] = AutoTokenizer.from_pretrained(cfg["path"])
         return self.tokenizers[model]
 
-    def _flush(self, model: str) -> None:
-        batch = self.pending.pop(model)
-        learner = self.services.get(model, {}).get("learner")
+    def _credit(self, model: str, groups: list[dict]) -> tuple[list, dict]:
+        """Each call gets its episode's group-normalized advantage for this model/role;
+        groups whose rewards do not vary carry no GRPO signal (counted, not trained)."""
+        calls, stats = [], {"groups": len(groups), "episodes": 0, "zero_variance_groups": 0, "rewards": [],
+                            "by_behavior": {}}
+        for group in groups:
+            rewards = group["rewards"]
+            stats["episodes"] += len(rewards)
+            credited = {}
+            for episode_id, episode_calls in group["calls"].items():
+                for call in episode_calls:
+                    r = reward_for(rewards[episode_id], model, call["role"])
+                    if r is not None:
+                        credited.setdefault(episode_id, r)
+            stats["rewards"] += list(credited.values())
+            tag = f"{group['behavior']}@v{group['version']}"
+            by = stats["by_behavior"].setdefault(tag, {"episodes": 0, "reward_sum": 0.0})
+            by["episodes"] += len(credited)
+            by["reward_sum"] += sum(credited.values())
+            if len(credited) >= 2 and len(set(credited.values())) > 1:
+                advantages = group_advantages(credited)
+                for episode_id, episode_calls in group["calls"].items():
+                    if episode_id in advantages:
+                        calls += [(c, advantages[episode_id]) for c in episode_calls]
+            else:
+                stats["zero_variance_groups"] += 1
+        return calls, stats
+
+    def _flush(self, model: str, groups: list[dict]) -> None:
         self.batches += 1
-        path = self.out_dir / f"{model}-{self.batches:06d}.pt"
-        rewards, calls, group_log = batch.pop("rewards"), batch.pop("calls"), batch.pop("group_log")
+        path = self.out_dir / f"{model}-{self.context.get('head_epoch', 0)}-{self.batches:06d}.pt"
+        calls, batch = self._credit(model, groups)
+        rewards = batch.pop("rewards")
         batch["by_behavior"] = {tag: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
-                                for tag, v in batch.get("by_behavior", {}).items()}
+                                for tag, v in batch["by_behavior"].items()}
         mode = self.merge_modes.get(model, "none")
         cfg = next(m for m in self.context["job"]["models"] if m["name"] == model)
         repairs = tools_unified = text_aligned = 0
@@ -143,9 +178,10 @@ class Merger(ManagedActor):
         stats = dict(batch, **pack.stats(calls, packed), merge=mode, sequences=len(packed), drift_repairs=repairs,
                      tools_unified=tools_unified, text_aligned=text_aligned,
                      reward_mean=sum(rewards) / max(1, len(rewards)), created=time.time())
+        group_ids = [g["group_id"] for g in groups]
+        group_log = [{k: g[k] for k in ("group_id", "task_name", "behavior", "version")} for g in groups]
         torch.save({"model": model, "samples": [p.to_dict() for p in packed], "stats": stats,
                     "groups": group_log}, path)
-        if learner is None:
-            log.error("batch %s written but model %s has no learner", path, model)
-            return
-        self.send(learner["address"], m.BatchReady(model, str(path), batch["groups"], stats))
+        self.ledger.assign(model, group_ids, path.name)
+        learner = self.services[model]["learner"]
+        self.send(learner["address"], m.BatchReady(model, str(path), len(groups), stats, group_ids))

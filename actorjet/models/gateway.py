@@ -6,7 +6,8 @@ its API key belongs to, and answers in OpenAI's format — streaming included, a
 of the recorded answer, so the tokens a client sees are exactly the ones trained on.
 
 Endpoints:  POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /healthz;
-client mode POST /v1/actorjet/episodes[/{id}/end|/abort]; POST /internal/collect.
+client mode POST /v1/actorjet/episodes[/{id}/end|/abort]; POST /internal/collect
+(``close: false`` to read, then ``release: true`` once the ledger has them).
 """
 from __future__ import annotations
 
@@ -270,6 +271,9 @@ class Gateway:
         episodes = body.get("episodes")
         if not isinstance(episodes, list):
             raise ApiError(400, "'episodes' must be a list of episode ids", "episodes")
+        if body.get("release"):          # the merger committed them to the ledger: forget them
+            self.store.collect(episodes, close=True)
+            return web.json_response({})
         return web.json_response(self.store.collect(episodes, close=bool(body.get("close", True))))
 
 

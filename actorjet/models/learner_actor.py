@@ -16,6 +16,7 @@ import torch
 
 from actorjet import metrics
 from actorjet.job import model_config
+from actorjet.ledger import Ledger
 from actorjet.models.evaluate import greedy_accuracy, has_eval
 from actorjet.models import threads
 from actorjet.models.grpo import GRPOConfig, grpo_step
@@ -55,10 +56,36 @@ class Learner(ManagedActor):
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
+        self.ledger = Ledger(self.run_dir)
+        self.duplicates_skipped = 0
+        self._resume()
         eval_sources = [t["source"] for t in job["tasks"] if has_eval(t["source"])]
         self.eval_source = eval_sources[0] if eval_sources else None
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
+
+    def _resume(self) -> None:
+        """After a crash (learner or head): continue from the last checkpoint.  Groups trained
+        after it were lost with the weights that saw them, so the ledger makes them pending
+        again; the resumed weights are published under a new version, newer than anything
+        the engine may still serve."""
+        checkpoints = sorted((self.run_dir / "checkpoints" / self.model_name).glob("step_*/state.json"))
+        published = [int(p.stem[1:]) for p in self.weights_dir.glob("v*.safetensors")]
+        if checkpoints:
+            from transformers import AutoModelForCausalLM
+
+            folder = checkpoints[-1].parent
+            state = json.loads(checkpoints[-1].read_text())
+            self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.cfg["device"])
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
+            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+            self.step = state["step"]
+        rewound = self.ledger.rewind(self.model_name, self.step)
+        if checkpoints or published or rewound:
+            self.version = max([self.version] + published) + 1
+            save_weights(self.model, self.weights_dir / f"v{self.version:06d}.safetensors")
+            log.info("%s resumed at step %d as weight version %d; %d trained groups are pending again",
+                     self.model_name, self.step, self.version, rewound)
 
     def _announce(self) -> None:
         self.send(self.registry, m.ServiceUp(self.model_name, "learner", None, self.myAddress))
@@ -69,10 +96,19 @@ class Learner(ManagedActor):
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         engine = msg.services.get(self.model_name, {}).get("engine")
-        self.engine = engine["address"] if engine else None
+        address = engine["address"] if engine else None
+        if address is not None and address != self.engine and self.version > 0:
+            # a new (or restarted) engine: make sure it serves what this learner holds
+            self.send(address, m.LoadWeights(self.version, str(self.weights_dir / f"v{self.version:06d}.safetensors")))
+        self.engine = address
 
     def receiveMsg_BatchReady(self, msg: m.BatchReady, sender):
         if self.step >= self.train_cfg["steps"]:
+            return
+        if msg.group_ids and not self.ledger.claim(self.model_name, msg.group_ids, self.step + 1):
+            self.duplicates_skipped += 1     # its groups were re-batched and trained already
+            log.warning("%s: batch %s skipped: some of its groups were trained already", self.model_name, msg.path)
+            Path(msg.path).unlink(missing_ok=True)
             return
         t0 = time.perf_counter()
         batch = torch.load(msg.path, weights_only=False)
@@ -105,6 +141,7 @@ class Learner(ManagedActor):
                   "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
                   "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
                   "batch_wait_s": time.time() - msg.stats.get("created", time.time()),
+                  "duplicate_batches_skipped": self.duplicates_skipped,
                   **{k: v for k, v in info.items() if k != "skipped"}}
         record.update({k: msg.stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
                                                   "tokens_before", "tokens_after", "token_ratio", "drift_repairs",

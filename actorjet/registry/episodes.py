@@ -1,24 +1,18 @@
-"""Episode bookkeeping inside the registry: the service directory, task sources, behaviors,
-GRPO-group leases and their results.
-
-Leases are handed out a whole GRPO group at a time (one message for ``group_size``
-episodes, which keeps thespian far below its message budget) and only while the pipeline
-holds fewer than ``groups_per_step * (max_staleness + 1)`` untrained groups: that window
-is what bounds how stale a sample can be when the learner sees it.
+"""Episode bookkeeping inside the registry: the service directory, task sources and their
+behaviors, learner progress, client-mode episodes and status.  Groups and leases (issue,
+retry, re-queue, finish) are in leases.py; upgrades and rollbacks in upgrades.py.
 """
 from __future__ import annotations
 
 import importlib
-import time
 
 import cloudpickle
 
-from actorjet.models import keys
 from actorjet.registry import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
+from actorjet.registry.leases import LeaseDesk
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.runtime import messages as m
-from actorjet.runtime.logs import log
 
 
 def load_function(ref: str):
@@ -49,6 +43,12 @@ class TaskSource:
         self.version = version
         self.payload = behaviors.sign(self.secret, self.name, version, blob)
 
+    def payload_for(self, version: int, store: BehaviorStore) -> dict:
+        """A retried group keeps the version it started with, even after an upgrade."""
+        if version == self.version:
+            return self.payload
+        return behaviors.sign(self.secret, self.name, version, store.blob(self.name, version))
+
 
 class EpisodeDesk:
     def __init__(self, registry, context: dict):
@@ -56,25 +56,20 @@ class EpisodeDesk:
         self.job = context.get("job") or {}
         self.token = context.get("token", "")
         train = self.job.get("train", {})
-        self.group_size = train.get("group_size", 8)
-        self.window = train.get("groups_per_step", 32) * (train.get("max_staleness", 1) + 1)
-        self.lease_timeout = train.get("lease_timeout_s", 120.0)
         self.store = BehaviorStore(context.get("run_dir"))
         self.sources = [TaskSource(t, train.get("seed", 0), self.token, self.store)
                         for t in self.job.get("tasks", [])]
+        self.leases = LeaseDesk(self, train)
         self.upgrades = UpgradeDesk(self)
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
+        self.runner_versions: dict[str, dict] = {}
         self.services: dict[str, dict] = {}
         self.subscribers: list = []
-        self.leases: dict[str, dict] = {}            # group id → lease (+ runner id)
         self.client_groups: dict[str, list] = {}     # client-mode group → ended episodes
         self.client_open: dict[str, dict] = {}
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
-        self.runner_versions: dict[str, dict] = {}
-        self.issued = self.dropped = self.groups = 0
+        self.trained = 0
         self.finished = False
-        self.counts = {"completed": 0, "aborted": 0, "in_flight": 0, "trained": 0}
-        self.abort_causes: dict[str, int] = {}
 
     # -- dispatch -----------------------------------------------------------------------
     def handle(self, msg, sender) -> bool:
@@ -91,6 +86,8 @@ class EpisodeDesk:
         if msg.kind == "learner":
             self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         self._publish()
+        if msg.kind == "merger":
+            self.leases.merger_up()        # a restarted merger gets every unacknowledged group
 
     def subscribe(self, sender) -> None:
         if sender not in self.subscribers:
@@ -113,11 +110,7 @@ class EpisodeDesk:
         placed = [r["id"] for r in self.registry.runners if r.get("state") == "placed"]
         return [r for r in placed if r in self.runner_addr] if with_address else placed
 
-    # -- leases -------------------------------------------------------------------------
-    def _room(self) -> int:
-        consumed = min((v["consumed"] for v in self.models.values()), default=0)
-        return self.window - (self.issued - consumed - self.dropped)
-
+    # -- leases (leases.py) -----------------------------------------------------------------
     def on_LeaseRequest(self, msg: m.LeaseRequest, sender):
         urls = self.gateway_urls()
         self.runner_addr[msg.runner_id] = sender
@@ -128,117 +121,78 @@ class EpisodeDesk:
         if not self.sources or not urls or not self.models:
             self.registry.send(sender, m.NoWork(0.2, "models not ready"))
             return
-        n = min(msg.max_groups, self._room())
-        if n <= 0:
+        consumed = min((v["consumed"] for v in self.models.values()), default=0)
+        leases = self.leases.lease(msg.runner_id, msg.max_groups, consumed, urls)
+        if not leases:
             self.registry.send(sender, m.NoWork(0.05, "waiting for the learner (staleness bound)"))
             return
-        leases, behaviors = [], {}
-        for _ in range(n):
-            source = self.sources[self.groups % len(self.sources)]
-            self.groups += 1
-            self.issued += 1
-            group_id = f"g{self.registry.epoch}_{self.groups}"
-            task = next(source.tasks)
-            episodes = [{"episode_id": f"{group_id}.{k}", "api_key": keys.mint(self.token, f"{group_id}.{k}")}
-                        for k in range(self.group_size)]
-            lease = {"group_id": group_id, "task_name": source.name, "task": task, "urls": urls,
-                     "behavior": source.behavior, "version": source.version, "episodes": episodes,
-                     "deadline": time.time() + self.lease_timeout}
-            self.leases[group_id] = dict(lease, runner_id=msg.runner_id)
-            leases.append(lease)
-            if msg.behaviors.get(source.behavior) != source.version:
-                behaviors[source.behavior] = source.payload
-        self.counts["in_flight"] += n * self.group_size
-        self.registry.send(sender, m.Leases(leases, behaviors))
+        payloads = {}
+        for lease in leases:
+            if msg.behaviors.get(lease["behavior"]) != lease["version"]:
+                payloads[lease["behavior"]] = self.source(lease["behavior"]).payload_for(lease["version"], self.store)
+        self.registry.send(sender, m.Leases(leases, payloads))
 
     def on_GroupResult(self, msg: m.GroupResult, sender):
-        lease = self.leases.pop(msg.group_id, None)
-        if lease is None:
-            log.warning("late result for group %s (lease expired or unknown): ignored", msg.group_id)
-            return
-        self.counts["in_flight"] -= len(lease["episodes"])
-        failed = [r for r in msg.results if r.get("error") or r.get("reward") is None]
-        if failed:
-            error = failed[0].get("error", "no reward")
-            cause = error if error.startswith("upgrade abort") else f"behavior error: {error}"
-            self._drop(lease, cause[:120], len(lease["episodes"]))
-            return
-        self.counts["completed"] += len(msg.results)
-        rewards = {r["episode_id"]: r["reward"] for r in msg.results}
-        group = {k: lease[k] for k in ("group_id", "task_name", "behavior", "version")}
-        group["episodes"] = [{"episode_id": e["episode_id"], "reward": rewards[e["episode_id"]]}
-                             for e in lease["episodes"]]
-        self._to_merger(group)
+        self.leases.on_result(msg)
 
-    def _drop(self, lease: dict, cause: str, n: int) -> None:
-        self.counts["aborted"] += n
-        self.dropped += 1
-        self.abort_causes[cause.split(":")[0]] = self.abort_causes.get(cause.split(":")[0], 0) + n
-        log.warning("group %s dropped whole: %s", lease["group_id"], cause)
+    def on_GroupStored(self, msg: m.GroupStored, sender):
+        self.leases.on_stored(msg.group_id)
 
-    def _to_merger(self, group: dict) -> None:
-        merger = self.services.get("", {}).get("merger")
-        if merger is None:
-            log.error("no merger registered; group %s dropped", group["group_id"])
-            self.dropped += 1
-            return
-        self.registry.send(merger["address"], m.GroupDone(group))
+    def on_RunnerDown(self, msg: m.RunnerDown, sender):
+        self.leases.lost({msg.runner_id}, "runner died")
 
     def node_lost(self, node_id: str) -> None:
         runners = {r["id"] for r in self.registry.runners if r.get("node_id") == node_id}
-        for group_id, lease in list(self.leases.items()):
-            if lease["runner_id"] in runners:
-                del self.leases[group_id]
-                self.counts["in_flight"] -= len(lease["episodes"])
-                self._drop(lease, "node lost", len(lease["episodes"]))
+        self.leases.lost(runners, "node lost")
 
     def tick(self) -> None:
         self.upgrades.tick()
-        now = time.time()
-        for group_id, lease in list(self.leases.items()):
-            if lease["deadline"] < now:
-                del self.leases[group_id]
-                self.counts["in_flight"] -= len(lease["episodes"])
-                self._drop(lease, "lease expired", len(lease["episodes"]))
+        self.leases.tick()
 
     # -- learners -----------------------------------------------------------------------
     def on_Trained(self, msg: m.Trained, sender):
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)
         info["consumed"] += msg.groups
-        self.counts["trained"] += msg.groups * self.group_size
+        self.trained += msg.groups * self.leases.group_size
         if msg.done:
             self.finished = True
 
     # -- client mode ----------------------------------------------------------------------
     def on_ClientEvent(self, msg: m.ClientEvent, sender):
-        ev = msg.event
+        ev, counts = msg.event, self.leases.counts
         if ev["event"] == "open":
             self.client_open[ev["episode_id"]] = ev
-            self.counts["in_flight"] += 1
+            counts["in_flight"] += 1
             return
         opened = self.client_open.pop(ev["episode_id"], None)
         if opened is None:
             return
-        self.counts["in_flight"] -= 1
+        counts["in_flight"] -= 1
         if ev["event"] == "abort":
-            self.counts["aborted"] += 1
-            self.abort_causes["client abort"] = self.abort_causes.get("client abort", 0) + 1
+            counts["aborted"] += 1
+            self.leases.abort_causes["client abort"] = self.leases.abort_causes.get("client abort", 0) + 1
             return
-        self.counts["completed"] += 1
-        self.issued += 1
+        counts["completed"] += 1
+        self.leases.issued += 1
         group_key = opened.get("group") or ev["episode_id"]
         size = int(opened.get("group_size") or 1)
         members = self.client_groups.setdefault(group_key, [])
         members.append({"episode_id": ev["episode_id"], "reward": ev["reward"]})
         if len(members) >= size:
             del self.client_groups[group_key]
-            self._to_merger({"group_id": f"c_{group_key}", "task_name": "client", "behavior": "client",
-                             "version": 0, "episodes": members})
+            self.leases.finish_external({"group_id": f"c_{group_key}", "task_name": "client", "behavior": "client",
+                                         "version": 0, "episodes": members})
 
     # -- status ---------------------------------------------------------------------------
     def status(self) -> dict:
-        return {"episodes": dict(self.counts), "aborted_by_cause": dict(self.abort_causes),
+        counts = self.leases.counts
+        episodes = {k: counts[k] for k in ("completed", "aborted", "in_flight", "requeued")}
+        episodes["trained"] = self.trained
+        return {"episodes": episodes, "aborted_by_cause": dict(self.leases.abort_causes),
+                "groups": {"finished": counts["groups_finished"], "dropped": counts["groups_dropped"],
+                           "dropped_by_cause": dict(self.leases.drop_causes),
+                           "late_results_rejected": counts["late_results"], **self.leases.status()},
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"]}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(), "upgrades": self.upgrades.push_report(),

@@ -10,11 +10,14 @@ wakeup loop collects finished groups, reports them, and asks for more work.
 """
 from __future__ import annotations
 
+import os
+import threading
 import time
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
+import psutil
 from thespian.actors import WakeupMessage
 
 from actorjet.registry import behaviors
@@ -25,6 +28,11 @@ from actorjet.runtime.logs import log
 from actorjet.runtime.node import NODE_AGENT_NAME, NodeAgent, on_node
 
 POLL_S = 0.02
+
+
+def _exit_later(delay_s: float) -> None:
+    time.sleep(delay_s)
+    os._exit(0)
 
 
 def load_behavior(payload) -> tuple[object, str, str]:
@@ -68,6 +76,9 @@ class AgentRunner(ManagedActor):
         self.current: dict[str, int] = {}                    # name → version new leases get
         self.groups: dict[str, tuple[dict, list[Future]]] = {}
         self.canaries: dict[str, tuple[m.Canary, list[Future], object]] = {}
+        self.hung: list[Future] = []
+        self.memory_limit_mb = float(train.get("runner_memory_mb", 0))
+        self.next_memory_check = 0.0
         self.waiting_for_leases = False
         self.retry_at = 0.0
         self.polling = False
@@ -112,13 +123,13 @@ class AgentRunner(ManagedActor):
         name, version = msg.payload.get("name"), msg.payload.get("version")
         error = self._install(msg.payload)
         if not error and msg.policy == "abort":
-            for group_id, (lease, _) in list(self.groups.items()):
+            for lease_id, (lease, _) in list(self.groups.items()):
                 if lease["behavior"] == name and lease["version"] != version:
-                    del self.groups[group_id]     # the threads finish on their own; results ignored
+                    del self.groups[lease_id]     # the threads finish on their own; results ignored
                     results = [{"episode_id": ep["episode_id"], "reward": None,
                                 "error": f"upgrade abort: {name} v{version} replaced v{lease['version']}"}
                                for ep in lease["episodes"]]
-                    self.send(self.registry, m.GroupResult(self.runner_id, group_id, results))
+                    self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
         self.send(sender, m.BehaviorLoaded(self.runner_id, str(name), int(version or 0), error))
         self._ask_for_work()
 
@@ -156,11 +167,12 @@ class AgentRunner(ManagedActor):
                 results = [{"episode_id": ep["episode_id"], "reward": None,
                             "error": f"behavior {lease['behavior']} v{lease['version']} could not be loaded here"}
                            for ep in lease["episodes"]]
-                self.send(self.registry, m.GroupResult(self.runner_id, lease["group_id"], results))
+                self.send(self.registry, m.GroupResult(self.runner_id, lease["lease_id"], results))
                 continue
             futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
                        for ep in lease["episodes"]]
-            self.groups[lease["group_id"]] = (lease, futures)
+            lease["give_up_at"] = time.monotonic() + float(lease.get("timeout_s", 120.0))
+            self.groups[lease["lease_id"]] = (lease, futures)
         self._poll_soon()
         self._ask_for_work()
 
@@ -177,23 +189,59 @@ class AgentRunner(ManagedActor):
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         self.polling = False
         self._finish_canaries()
-        for group_id, (lease, futures) in list(self.groups.items()):
-            if all(f.done() for f in futures):
-                del self.groups[group_id]
-                results = [f.result() for f in futures]
-                for r in results:
-                    if r.get("error"):
-                        log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])
-                    r.pop("traceback", None)
-                self.episodes_done += len(results)
-                self.send(self.registry, m.GroupResult(self.runner_id, group_id, results))
+        now = time.monotonic()
+        for lease_id, (lease, futures) in list(self.groups.items()):
+            overdue = now > lease["give_up_at"]
+            if not overdue and not all(f.done() for f in futures):
+                continue
+            del self.groups[lease_id]
+            results = []
+            for ep, f in zip(lease["episodes"], futures):
+                if f.done():
+                    results.append(f.result())
+                else:         # a hung episode: reported, and its thread abandoned
+                    self.hung.append(f)
+                    results.append({"episode_id": ep["episode_id"], "reward": None,
+                                    "error": f"timeout: still running after {lease['timeout_s']:g} s"})
+            for r in results:
+                if r.get("error"):
+                    log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])
+                r.pop("traceback", None)
+            self.episodes_done += len(results)
+            self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
+        self._check_health()
         self._ask_for_work()
         if self.groups or self.canaries or not self.waiting_for_leases:
             self._poll_soon()
 
+    def _check_health(self) -> None:
+        """Hung episodes hold threads; leaked memory stays in this process.  Past a limit the
+        runner reports its work as failed (so it is retried elsewhere) and crashes on purpose:
+        its supervisor starts a clean process, and no other runner is touched."""
+        self.hung = [f for f in self.hung if not f.done()]
+        reason = ""
+        if len(self.hung) >= max(1, self.concurrency // 2):
+            reason = f"{len(self.hung)} hung episodes hold its threads"
+        elif self.memory_limit_mb and time.monotonic() > self.next_memory_check:
+            self.next_memory_check = time.monotonic() + 1.0
+            rss_mb = psutil.Process().memory_info().rss / 2**20
+            if rss_mb > self.memory_limit_mb:
+                reason = f"it uses {rss_mb:.0f} MB, over runner_memory_mb = {self.memory_limit_mb:g}"
+        if not reason:
+            return
+        for lease_id, (lease, _) in list(self.groups.items()):
+            results = [{"episode_id": ep["episode_id"], "reward": None, "error": f"runner restarted: {reason}"}
+                       for ep in lease["episodes"]]
+            self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
+        self.groups.clear()
+        raise RuntimeError(f"runner {self.runner_id} restarts because {reason}")
+
     def on_stop(self) -> None:
         if getattr(self, "pool", None):
             self.pool.shutdown(wait=False, cancel_futures=True)
+            # Interpreter exit joins the pool's threads; a hung behavior would keep this process
+            # alive for ever.  If it has not exited 2 s from now, it leaves without them.
+            threading.Thread(target=_exit_later, args=(2.0,), daemon=True).start()
 
     def info(self) -> dict:
         return {"path": self.path, "runner_id": getattr(self, "runner_id", None),

@@ -84,6 +84,8 @@ class RunnerSupervisor(ManagedActor):
         if runner_id is None:
             return
         node_id, _ = self.placed.pop(runner_id)
+        if self.registry is not None:
+            self.send(self.registry, m.RunnerDown(runner_id))     # its leases are re-queued now
         recent = [t for t in self.restart_times.get(runner_id, []) if time.monotonic() - t < 10]
         recent.append(time.monotonic())
         self.restart_times[runner_id] = recent

@@ -210,7 +210,7 @@ class LeaseRequest:
 
 @dataclass
 class Leases:
-    leases: list                 # [{group_id, task_name, behavior, version, episodes: [...], deadline}]
+    leases: list                 # [{lease_id, group_id, task_name, task, urls, behavior, version, episodes, timeout_s}]
     behaviors: dict              # name → signed payload (registry/behaviors.py), only new ones
 
 
@@ -223,7 +223,7 @@ class NoWork:
 @dataclass
 class GroupResult:
     runner_id: str
-    group_id: str
+    lease_id: str                # a group may be leased several times (retries): the lease answers
     results: list                # [{episode_id, reward, error}]
 
 
@@ -239,6 +239,19 @@ class BatchReady:
     path: str
     groups: int
     stats: dict
+    group_ids: list = field(default_factory=list)   # the ledger rows the learner claims
+
+
+@dataclass
+class GroupStored:
+    """Merger → registry: the group is committed to the ledger (safe from any crash now)."""
+    group_id: str
+
+
+@dataclass
+class RunnerDown:
+    """Runner supervisor → registry: this runner's process died; re-queue its leases now."""
+    runner_id: str
 
 
 @dataclass

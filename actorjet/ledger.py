@@ -1,0 +1,139 @@
+"""The durable ledger: every finished GRPO group, from the moment it is acknowledged until
+(and after) it is trained.  SQLite in WAL mode, ``RUN_DIR/ledger.sqlite``.
+
+    merger   store()   a finished group's calls and rewards, per model, in one transaction,
+                       *before* the registry is told the group is safe
+             assign()  groups taken into a batch file
+    learner  claim()   a batch's groups marked trained at step s, all or nothing
+             rewind()  after a restart from the checkpoint at step k: groups trained after
+                       k were lost with the crashed weights, so they are pending again
+    merger   release() batches that were never trained (a restarted merger) go back
+
+So after any crash: finished = trained + pending, and no group is trained twice in the
+weights that survive.  Several processes open it (merger, learner, bench); each write is
+a short transaction, and WAL lets readers go on while one writes.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS groups (
+    group_id     TEXT NOT NULL,
+    model        TEXT NOT NULL,
+    task_name    TEXT,
+    behavior     TEXT,
+    version      INTEGER,
+    rewards      TEXT NOT NULL,          -- {episode_id: reward}
+    calls        TEXT NOT NULL,          -- {episode_id: [call records]}
+    stored_at    REAL NOT NULL,
+    batch        TEXT,                   -- batch file it was packed into (NULL: pending)
+    trained_step INTEGER,                -- learner step that trained it (NULL: not yet)
+    PRIMARY KEY (group_id, model)
+);
+CREATE INDEX IF NOT EXISTS pending ON groups (model, trained_step, batch);
+"""
+
+
+class Ledger:
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / "ledger.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)   # explicit transactions
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")     # WAL + NORMAL: durable across process crashes
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def _tx(self):
+        return _Transaction(self.db)
+
+    # -- merger ---------------------------------------------------------------------------
+    def store(self, group: dict, calls_by_model: dict[str, dict]) -> bool:
+        """Commit a finished group (one row per model).  False if it was stored before
+        (a duplicate delivery): the caller must not count it again."""
+        rewards = {e["episode_id"]: e["reward"] for e in group["episodes"]}
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM groups WHERE group_id = ?", (group["group_id"],)).fetchone():
+                return False
+            for model, calls in calls_by_model.items():
+                db.execute("INSERT INTO groups (group_id, model, task_name, behavior, version, rewards, calls, "
+                           "stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           (group["group_id"], model, group.get("task_name"), group.get("behavior"),
+                            group.get("version"), json.dumps(rewards), json.dumps(calls), time.time()))
+        return True
+
+    def pending(self, model: str, limit: int) -> list[dict]:
+        rows = self.db.execute("SELECT group_id, task_name, behavior, version, rewards, calls FROM groups "
+                               "WHERE model = ? AND trained_step IS NULL AND batch IS NULL "
+                               "ORDER BY stored_at LIMIT ?", (model, limit)).fetchall()
+        return [{"group_id": g, "task_name": t, "behavior": b, "version": v,
+                 "rewards": json.loads(r), "calls": json.loads(c)} for g, t, b, v, r, c in rows]
+
+    def count_pending(self, model: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM groups WHERE model = ? AND trained_step IS NULL "
+                               "AND batch IS NULL", (model,)).fetchone()[0]
+
+    def assign(self, model: str, group_ids: list[str], batch: str) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE groups SET batch = ? WHERE model = ? AND group_id = ?",
+                           [(batch, model, g) for g in group_ids])
+
+    def release(self, model: str | None = None) -> int:
+        """Untrained groups in batch files go back to pending (their batches are forgotten)."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE groups SET batch = NULL WHERE trained_step IS NULL AND batch IS NOT NULL"
+                             + (" AND model = ?" if model else ""), (model,) if model else ())
+            return cur.rowcount
+
+    # -- learner --------------------------------------------------------------------------
+    def claim(self, model: str, group_ids: list[str], step: int) -> bool:
+        """Mark a batch's groups trained at ``step`` — only if none of them was trained
+        already; otherwise change nothing, release the untrained ones, and say False."""
+        with self._tx() as db:
+            marks = ",".join("?" * len(group_ids))
+            trained = db.execute(f"SELECT COUNT(*) FROM groups WHERE model = ? AND group_id IN ({marks}) "
+                                 "AND trained_step IS NOT NULL", (model, *group_ids)).fetchone()[0]
+            if trained:
+                db.execute(f"UPDATE groups SET batch = NULL WHERE model = ? AND group_id IN ({marks}) "
+                           "AND trained_step IS NULL", (model, *group_ids))
+                return False
+            db.execute(f"UPDATE groups SET trained_step = ? WHERE model = ? AND group_id IN ({marks})",
+                       (step, model, *group_ids))
+            return True
+
+    def rewind(self, model: str, step: int) -> int:
+        """Groups trained after ``step`` are pending again (the weights that saw them are gone)."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE groups SET trained_step = NULL, batch = NULL WHERE model = ? "
+                             "AND trained_step > ?", (model, step))
+            return cur.rowcount
+
+    # -- accounting -----------------------------------------------------------------------
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per model: groups finished (stored), trained, pending, and distinct trained steps."""
+        out = {}
+        for model, stored, trained in self.db.execute(
+                "SELECT model, COUNT(*), COUNT(trained_step) FROM groups GROUP BY model"):
+            out[model] = {"finished": stored, "trained": trained, "pending": stored - trained}
+        return out
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE … COMMIT (ROLLBACK on error): one writer at a time, never half a group."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, *_):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False

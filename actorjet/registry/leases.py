@@ -1,0 +1,182 @@
+"""GRPO groups and their leases, inside the registry: issue, retry, re-queue, finish.
+
+A group is ``group_size`` episodes of one task.  It is handed out as one lease (one
+message, far below thespian's budget), and it is only ever trained whole:
+
+    member raised            → that member is leased again (up to ``episode_retries`` rounds)
+    lease expired / runner   → the lease's members are leased again (same rule)
+      died / node lost
+    retries used up          → the whole group is dropped, with its cause, never trained in part
+    late result              → its lease is gone: rejected, logged, counted — never counted twice
+    all members done         → GroupDone to the merger, kept here until the merger says
+                               GroupStored (committed to the ledger); a restarted merger gets
+                               every unacknowledged group again
+
+New groups are only issued while fewer than ``groups_per_step * (max_staleness + 1)`` are
+untrained: that window bounds how stale a sample can be when the learner sees it.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from actorjet.models import keys
+from actorjet.runtime import messages as m
+from actorjet.runtime.logs import log
+
+GRACE_S = 2.0      # the runner gives up on an episode at its timeout; the registry a little later
+
+
+class LeaseDesk:
+    def __init__(self, desk, train: dict):
+        self.desk = desk
+        self.group_size = train.get("group_size", 8)
+        self.window = train.get("groups_per_step", 32) * (train.get("max_staleness", 1) + 1)
+        self.lease_timeout = float(train.get("lease_timeout_s", 120.0))
+        self.max_retries = int(train.get("episode_retries", 2))
+        self.groups: dict[str, dict] = {}       # open groups
+        self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, deadline}
+        self.retry: deque = deque()             # (group id, members) waiting for a runner
+        self.finishing: dict[str, dict] = {}    # sent to the merger, not yet acknowledged
+        self.serial = 0
+        self.issued = self.dropped = 0
+        self.counts = {"completed": 0, "aborted": 0, "in_flight": 0, "requeued": 0, "late_results": 0,
+                       "groups_finished": 0, "groups_dropped": 0}
+        self.abort_causes: dict[str, int] = {}
+        self.drop_causes: dict[str, int] = {}
+
+    @property
+    def registry(self):
+        return self.desk.registry
+
+    def room(self, consumed: int) -> int:
+        return self.window - (self.issued - consumed - self.dropped)
+
+    # -- issuing --------------------------------------------------------------------------
+    def lease(self, runner_id: str, max_groups: int, consumed: int, urls: dict) -> list[dict]:
+        """Retries first (they complete groups already in the pipeline), then new groups."""
+        out = []
+        while self.retry and len(out) < max_groups:
+            group_id, members = self.retry.popleft()
+            if group_id in self.groups:
+                out.append(self._lease(self.groups[group_id], members, runner_id, urls))
+        for _ in range(min(max_groups - len(out), self.room(consumed))):
+            source = self.desk.sources[self.issued % len(self.desk.sources)]
+            self.issued += 1
+            group_id = f"g{self.registry.epoch}_{self.issued}"
+            group = {"group_id": group_id, "source": source.name, "task": next(source.tasks),
+                     "behavior": source.behavior, "version": source.version, "results": {}, "attempts": 0}
+            self.groups[group_id] = group
+            out.append(self._lease(group, list(range(self.group_size)), runner_id, urls))
+        return out
+
+    def _lease(self, group: dict, members: list[int], runner_id: str, urls: dict) -> dict:
+        self.serial += 1
+        lease_id = f"{group['group_id']}~{self.serial}"
+        suffix = f"r{group['attempts']}" if group["attempts"] else ""
+        episodes = []
+        for k in members:
+            episode_id = f"{group['group_id']}.{k}{suffix}"
+            episodes.append({"episode_id": episode_id, "api_key": keys.mint(self.desk.token, episode_id)})
+        self.leases[lease_id] = {"group_id": group["group_id"], "members": list(members), "episodes": episodes,
+                                 "runner_id": runner_id, "deadline": time.time() + self.lease_timeout + GRACE_S}
+        self.counts["in_flight"] += len(members)
+        return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
+                "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
+                "episodes": episodes, "timeout_s": self.lease_timeout}
+
+    # -- results --------------------------------------------------------------------------
+    def on_result(self, msg: m.GroupResult) -> None:
+        lease = self.leases.pop(msg.lease_id, None)
+        if lease is None:
+            self.counts["late_results"] += 1
+            log.warning("late result for lease %s (expired, or its runner was declared dead): rejected",
+                        msg.lease_id)
+            return
+        self.counts["in_flight"] -= len(lease["members"])
+        group = self.groups.get(lease["group_id"])
+        if group is None:
+            return
+        by_id = {r["episode_id"]: r for r in msg.results}
+        failed, cause = [], ""
+        for k, episode in zip(lease["members"], lease["episodes"]):
+            r = by_id.get(episode["episode_id"], {})
+            if r.get("error") or r.get("reward") is None:
+                failed.append(k)
+                error = r.get("error", "no result")
+                cause = error if error.startswith("upgrade abort") else f"behavior error: {error}"
+            else:
+                group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
+        if failed:
+            self._failed(group, failed, cause[:120], retry=not cause.startswith("upgrade abort"))
+        if group["group_id"] in self.groups and len(group["results"]) == self.group_size:
+            self._finish(group)
+
+    def _failed(self, group: dict, members: list[int], cause: str, retry: bool = True) -> None:
+        key = cause.split(":")[0]
+        self.counts["aborted"] += len(members)
+        self.abort_causes[key] = self.abort_causes.get(key, 0) + len(members)
+        if retry and group["attempts"] < self.max_retries:
+            group["attempts"] += 1
+            self.counts["requeued"] += len(members)
+            self.retry.append((group["group_id"], members))
+            return
+        self.groups.pop(group["group_id"], None)
+        for lease_id, lease in list(self.leases.items()):     # its other members are pointless now
+            if lease["group_id"] == group["group_id"]:
+                del self.leases[lease_id]
+                self.counts["in_flight"] -= len(lease["members"])
+        self.dropped += 1
+        self.counts["groups_dropped"] += 1
+        self.drop_causes[key] = self.drop_causes.get(key, 0) + 1
+        log.warning("group %s dropped whole: %s", group["group_id"], cause)
+
+    def _finish(self, group: dict) -> None:
+        done = {"group_id": group["group_id"], "task_name": group["source"], "behavior": group["behavior"],
+                "version": group["version"], "episodes": [group["results"][k] for k in range(self.group_size)]}
+        self.groups.pop(group["group_id"], None)
+        self.counts["completed"] += self.group_size
+        self.finish_external(done)
+
+    def finish_external(self, done: dict) -> None:
+        """A finished group (also client-mode ones) goes to the merger until acknowledged."""
+        self.counts["groups_finished"] += 1
+        self.finishing[done["group_id"]] = done
+        self._send(done)
+
+    def _send(self, done: dict) -> None:
+        merger = self.desk.services.get("", {}).get("merger")
+        if merger is not None:
+            self.registry.send(merger["address"], m.GroupDone(done))
+
+    def on_stored(self, group_id: str) -> None:
+        self.finishing.pop(group_id, None)
+
+    def merger_up(self) -> None:
+        for done in self.finishing.values():
+            self._send(done)
+
+    # -- failures of runners, nodes and time ---------------------------------------------
+    def lost(self, runner_ids: set[str], cause: str) -> None:
+        for lease_id, lease in list(self.leases.items()):
+            if lease["runner_id"] in runner_ids:
+                self._expire(lease_id, cause)
+
+    def tick(self) -> None:
+        now = time.time()
+        for lease_id, lease in list(self.leases.items()):
+            if lease["deadline"] < now:
+                self._expire(lease_id, "lease expired")
+
+    def _expire(self, lease_id: str, cause: str) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        self.counts["in_flight"] -= len(lease["members"])
+        group = self.groups.get(lease["group_id"])
+        if group is not None:
+            self._failed(group, lease["members"], cause)
+
+    def status(self) -> dict:
+        return {"leases_open": len(self.leases), "groups_open": len(self.groups),
+                "groups_unacknowledged": len(self.finishing), "retry_queue": len(self.retry)}
