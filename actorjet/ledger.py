@@ -57,6 +57,8 @@ class Ledger:
     def store(self, group: dict, calls_by_model: dict[str, dict]) -> bool:
         """Commit a finished group (one row per model).  False if it was stored before
         (a duplicate delivery): the caller must not count it again."""
+        if not calls_by_model:
+            raise ValueError(f"group {group['group_id']}: no model to store it for")
         rewards = {e["episode_id"]: e["reward"] for e in group["episodes"]}
         with self._tx() as db:
             if db.execute("SELECT 1 FROM groups WHERE group_id = ?", (group["group_id"],)).fetchone():

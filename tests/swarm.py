@@ -150,3 +150,14 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str =
                 return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+
+
+def pid_of(port: int, path: str) -> int | None:
+    """The pid of the actor at ``path`` in the tree of the head on ``port`` (None if absent)."""
+    from actorjet.runtime import messages as m
+    from actorjet.runtime.head import attach_root, lookup
+
+    asys, root = attach_root(port)
+    address = lookup(asys, root, path, 5)
+    reply = asys.ask(address, m.Ping(), 5) if address else None
+    return reply.pid if isinstance(reply, m.Pong) else None

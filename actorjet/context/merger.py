@@ -70,6 +70,7 @@ class Merger(ManagedActor):
         if released:
             log.info("merger: %d stored groups from unfinished batches are pending again", released)
         self.ticking = False
+        self.deferred: list = []
         self._announce()
 
     def on_stop(self) -> None:
@@ -85,6 +86,9 @@ class Merger(ManagedActor):
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.services = msg.services
+        deferred, self.deferred = self.deferred, []
+        for done, reply_to in deferred:
+            self.receiveMsg_GroupDone(done, reply_to)
         self._flush_ready()
         if not self.ticking:          # groups released by a learner or a rewind come back here
             self.ticking = True
@@ -98,10 +102,15 @@ class Merger(ManagedActor):
         """Collect → commit to the ledger → release at the gateways → acknowledge.  A crash
         anywhere before the commit leaves the calls at the gateway and the group unacknowledged,
         so the registry sends it again to the restarted merger."""
-        group = msg.group
-        ids = [e["episode_id"] for e in group["episodes"]]
         gateways = {model: svc["gateway"]["url"] for model, svc in self.services.items()
                     if "gateway" in svc and model in self.trainable}
+        if set(gateways) != set(self.trainable):
+            # Just (re)started: the directory has not arrived yet.  Storing now would commit
+            # the group without its calls; keep it until we know every gateway.
+            self.deferred.append((msg, sender))
+            return
+        group = msg.group
+        ids = [e["episode_id"] for e in group["episodes"]]
         calls = {model: collect_calls(url, self.context["token"], ids) for model, url in gateways.items()}
         if self.ledger.store(group, calls):
             with open(self.groups_log, "a") as f:     # which code produced which episodes, for good

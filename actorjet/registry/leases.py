@@ -103,8 +103,7 @@ class LeaseDesk:
             r = by_id.get(episode["episode_id"], {})
             if r.get("error") or r.get("reward") is None:
                 failed.append(k)
-                error = r.get("error", "no result")
-                cause = error if error.startswith("upgrade abort") else f"behavior error: {error}"
+                cause = _cause(r.get("error", "no result"))
             else:
                 group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
         if failed:
@@ -178,5 +177,14 @@ class LeaseDesk:
             self._failed(group, lease["members"], cause)
 
     def status(self) -> dict:
-        return {"leases_open": len(self.leases), "groups_open": len(self.groups),
+        return {"issued": self.issued, "leases_open": len(self.leases), "groups_open": len(self.groups),
                 "groups_unacknowledged": len(self.finishing), "retry_queue": len(self.retry)}
+
+
+def _cause(error: str) -> str:
+    """The counter an episode's failure goes under (`actorjet status`: aborted_by_cause)."""
+    for prefix, cause in (("upgrade abort", "upgrade abort"), ("timeout", "episode timeout"),
+                          ("runner restarted", "runner restarted")):
+        if error.startswith(prefix):
+            return f"{cause}: {error}"
+    return f"behavior error: {error}"

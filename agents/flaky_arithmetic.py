@@ -1,0 +1,34 @@
+"""The arithmetic agent in a messy environment: for chaos tests and `bench/chaos.py`.
+
+Real agent environments crash, hang and leak.  This behavior does each at a small,
+configurable rate (environment variables, read on the runner), around the ordinary
+arithmetic episode, so ActorJet's fault handling can be exercised in a real training run:
+
+    AJ_FLAKY_RAISE   probability that the episode raises            (default 0.05)
+    AJ_FLAKY_HANG    probability that it hangs for AJ_FLAKY_HANG_S s (default 0.02, 30 s)
+    AJ_FLAKY_EXIT    probability that it kills its runner process    (default 0.0)
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from agents.arithmetic import behavior as arithmetic
+
+
+def _rate(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def behavior(task: dict, llm) -> float:
+    roll = random.random()
+    if roll < _rate("AJ_FLAKY_RAISE", 0.05):
+        raise ConnectionError("environment crashed (injected)")
+    roll -= _rate("AJ_FLAKY_RAISE", 0.05)
+    if roll < _rate("AJ_FLAKY_HANG", 0.02):
+        time.sleep(_rate("AJ_FLAKY_HANG_S", 30.0))
+    roll -= _rate("AJ_FLAKY_HANG", 0.02)
+    if roll < _rate("AJ_FLAKY_EXIT", 0.0):
+        os._exit(17)
+    return arithmetic(task, llm)

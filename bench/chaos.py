@@ -1,0 +1,209 @@
+"""Chaos benchmark: a real training run while everything that can fail is made to fail.
+
+    python bench/chaos.py [--steps 60] [--seed 0]
+
+Two joined nodes train tiny-arith with `agents/flaky_arithmetic.py` (the environment
+raises in 5% and hangs in 1% of episodes).  At random learner steps the bench SIGKILLs
+runners, the merger, the learner (twice), a whole node (a new one joins), and the head
+(then `actorjet start` again on the same run directory and port).  At the end it checks the
+ledger and prints faults injected / survived, episodes lost, recovery times and whether
+reward still improved.  Writes bench/results/chaos.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import actorjet  # noqa: E402,F401
+from actorjet.runtime.head import attach_root, status  # noqa: E402
+from common import table, write  # noqa: E402
+from swarm import REPO, Swarm, pid_of, wait_until  # noqa: E402
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+lr = 1e-4
+checkpoint_every = 5
+eval_every = 1000
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.flaky_arithmetic:behavior"
+[train]
+group_size = 8
+groups_per_step = 8
+steps = {steps}
+lease_timeout_s = 4.0
+episode_retries = 3
+runner_concurrency = 16
+"""
+GROUP = 8
+
+
+class Chaos:
+    def __init__(self, swarm: Swarm, tmp: Path, steps: int):
+        self.swarm, self.tmp, self.steps = swarm, tmp, steps
+        self.run = tmp / "run"
+        self.job = tmp / "job.toml"
+        self.job.write_text(JOB.format(steps=steps))
+        self.tree = str(REPO / "supervisors" / "default.toml")
+        self.head, self.port, self.token = swarm.head(self.run, self.tree, extra=["--config", str(self.job)])
+        self.nodes: dict[str, tuple] = {}
+        self.acknowledged = 0          # finished groups the registries acknowledged, over head restarts
+        self.injected: list[str] = []
+
+    def status(self) -> dict:
+        return status(*attach_root(self.port))
+
+    def step(self) -> int:
+        models = self.status()["models"]
+        return models[0]["learner_step"] if models else 0
+
+    def join(self, name: str) -> None:
+        self.nodes[name] = self.swarm.join(self.port, self.token, name, slots=2)
+
+    def wait_step(self, n: int) -> None:
+        wait_until(lambda: self.step() >= n, 300, interval_s=0.2, what=f"learner step {n}")
+
+    # -- faults ---------------------------------------------------------------------------
+    def kill_runner(self, runner_id: str) -> float:
+        """SIGKILL a runner; seconds until its replacement answers."""
+        pid = pid_of(self.port, f"runners/{runner_id}")
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.perf_counter()
+        wait_until(lambda: (pid_of(self.port, f"runners/{runner_id}") or pid) != pid, 60, interval_s=0.02)
+        self.injected.append(f"runner {runner_id}")
+        return time.perf_counter() - t0
+
+    def kill_actor(self, path: str) -> float:
+        """SIGKILL the merger or the learner; seconds until the next learner step."""
+        before = self.status()["models"][0]
+        os.kill(pid_of(self.port, path), signal.SIGKILL)
+        t0 = time.perf_counter()
+
+        def stepped():
+            now = self.status()["models"][0]
+            return now["weight_version"] != before["weight_version"] and now["learner_step"] != before["learner_step"]
+        wait_until(stepped, 300, interval_s=0.05, what=f"a learner step after killing {path}")
+        self.injected.append(path)
+        return time.perf_counter() - t0
+
+    def kill_node(self, name: str, replacement: str) -> None:
+        proc, port = self.nodes.pop(name)
+        self.swarm.kill_system(port, proc)
+        self.join(replacement)
+        self.injected.append(f"node {name}")
+
+    def kill_head(self) -> float:
+        data = self.status()
+        self.acknowledged += data["groups"]["finished"] - data["groups"]["groups_unacknowledged"]
+        self.swarm.kill_system(self.port, self.head)
+        t0 = time.perf_counter()
+        self.head, _, _ = self.swarm.head(self.run, self.tree, port=self.port, extra=["--config", str(self.job)])
+        wait_until(lambda: self.status()["models"] and self.status()["models"][0]["learner_step"] > 0,
+                   300, interval_s=0.2, what="a learner step after the head restart")
+        self.injected.append("head")
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    os.environ.update(AJ_FLAKY_RAISE="0.05", AJ_FLAKY_HANG="0.01", AJ_FLAKY_HANG_S="20")
+    t_start = time.time()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        swarm = Swarm(Path(tmp_name))
+        try:
+            result = run(swarm, Path(tmp_name), args.steps, rng)
+        finally:
+            swarm.cleanup()
+            left = len(swarm.leftovers())
+    result.update(leftover_processes=left, wall_s=time.time() - t_start)
+    rows = [("faults injected / survived", f"{result['faults_injected']} / {result['faults_survived']}", "all"),
+            ("episodes lost", result["episodes_lost"], "0"),
+            ("duplicate episodes in the ledger", result["duplicate_episodes"], "0"),
+            ("ledger: finished = trained + pending", f"{result['ledger']['finished']} = {result['ledger']['trained']}"
+             f" + {result['ledger']['pending']}", "holds"),
+            ("groups issued = finished + dropped + open (last head)",
+             f"{result['groups_last_epoch']['issued']} = {result['groups_last_epoch']['finished']} + "
+             f"{result['groups_last_epoch']['dropped']} + {result['groups_last_epoch']['groups_open']}", "holds"),
+            ("runner kill → replacement answering (p50 / max)",
+             f"{result['runner_recovery_s']['p50']:.2f} / {result['runner_recovery_s']['max']:.2f} s", "-"),
+            ("learner kill → its next step (each)", ", ".join(f"{x:.1f}" for x in result["learner_recovery_s"]) + " s", "-"),
+            ("merger kill → next step", f"{result['merger_recovery_s']:.1f} s", "-"),
+            ("head kill + restart → next step", f"{result['head_recovery_s']:.1f} s", "-"),
+            ("learner steps reached", f"{result['final_step']} / {args.steps}", "all"),
+            ("reward first 10 → last 10 steps", f"{result['reward_first']:.3f} → {result['reward_last']:.3f}", "rises"),
+            ("episode faults (aborted by cause)", json.dumps(result["aborted_by_cause_last_epoch"]), "-")]
+    table(rows, ("measure", "result", "target"))
+    write("chaos", result)
+
+
+def run(swarm: Swarm, tmp: Path, steps: int, rng: random.Random) -> dict:
+    chaos = Chaos(swarm, tmp, steps)
+    chaos.join("a")
+    chaos.join("b")
+    at = sorted(rng.sample(range(3, steps - 8), 9))      # the learner steps at which faults happen
+    runner_s, learner_s = [], []
+    chaos.wait_step(at[0])
+    runner_s.append(chaos.kill_runner("runner-a-0"))
+    chaos.wait_step(at[1])
+    merger_s = chaos.kill_actor("merger")
+    chaos.wait_step(at[2])
+    learner_s.append(chaos.kill_actor("model.policy/learner"))
+    chaos.wait_step(at[3])
+    runner_s.append(chaos.kill_runner("runner-b-1"))
+    chaos.wait_step(at[4])
+    chaos.kill_node("a", "c")
+    chaos.wait_step(at[5])
+    head_s = chaos.kill_head()
+    chaos.wait_step(at[6])
+    runner_s.append(chaos.kill_runner("runner-c-0"))
+    chaos.wait_step(at[7])
+    learner_s.append(chaos.kill_actor("model.policy/learner"))
+    chaos.wait_step(at[8])
+    runner_s.append(chaos.kill_runner("runner-b-0"))
+    wait_until(lambda: chaos.status()["training_finished"], 600, interval_s=0.5, what=f"{steps} steps")
+    wait_until(lambda: chaos.status()["groups"]["groups_unacknowledged"] == 0, 30)
+    data = chaos.status()
+    acknowledged = chaos.acknowledged + data["groups"]["finished"]
+    db = sqlite3.connect(chaos.run / "ledger.sqlite")
+    finished, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups").fetchone()
+    episodes = [e for (r,) in db.execute("SELECT rewards FROM groups") for e in json.loads(r)]
+    rows = [json.loads(line) for line in (chaos.run / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward_mean"] for r in rows if r["kind"] == "train"]
+    survived = data["models"][0]["learner_step"] == steps and data["training_finished"]
+    return {
+        "steps": steps, "final_step": data["models"][0]["learner_step"],
+        "faults": chaos.injected, "faults_injected": len(chaos.injected),
+        "faults_survived": len(chaos.injected) if survived else 0,
+        "episodes_lost": max(0, acknowledged - finished) * GROUP,
+        "duplicate_episodes": len(episodes) - len(set(episodes)),
+        "ledger": {"finished": finished, "trained": trained, "pending": finished - trained},
+        "runner_recovery_s": {"p50": statistics.median(runner_s), "max": max(runner_s), "n": len(runner_s)},
+        "learner_recovery_s": learner_s, "merger_recovery_s": merger_s, "head_recovery_s": head_s,
+        "reward_first": sum(rewards[:10]) / 10, "reward_last": sum(rewards[-10:]) / 10,
+        "aborted_by_cause_last_epoch": data["aborted_by_cause"], "groups_last_epoch": data["groups"],
+        "restarts_last_epoch": data["restarts"],
+        "env_fault_rates": {"raise": 0.05, "hang": 0.01, "hang_s": 20},
+    }
+
+
+if __name__ == "__main__":
+    main()

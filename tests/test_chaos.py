@@ -1,0 +1,94 @@
+"""Chaos: a real training run on two joined nodes while runners, a whole node, the merger
+and the learner are killed and the agent's environment raises and hangs.  Training reaches
+its steps, every group is accounted for, nothing is trained twice, and reward still rises."""
+import json
+import os
+import signal
+import sqlite3
+
+import pytest
+
+from actorjet.runtime.head import attach_root
+from actorjet.runtime.head import status as head_status
+from swarm import REPO, pid_of, wait_until
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+JOB = f"""
+[[models]]
+name = "policy"
+source = "tiny-arith"
+lr = 1e-4
+checkpoint_every = 5
+eval_every = 1000
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.flaky_arithmetic:behavior"
+[train]
+group_size = 8
+groups_per_step = 8
+steps = {STEPS}
+lease_timeout_s = 4.0
+episode_retries = 3
+runner_concurrency = 16
+"""
+
+
+def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_path):
+    swarm.env.update(AJ_FLAKY_RAISE="0.05", AJ_FLAKY_HANG="0.01", AJ_FLAKY_HANG_S="20")
+    (tmp_path / "job.toml").write_text(JOB)
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"),
+                                extra=["--config", str(tmp_path / "job.toml")])
+    node_a, port_a = swarm.join(port, token, "a", slots=2)
+    swarm.join(port, token, "b", slots=2)
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    step = lambda: status()["models"][0]["learner_step"]  # noqa: E731
+    faults = []
+
+    def after(n, what):
+        wait_until(lambda: step() >= n, 120, interval_s=0.3, what=f"learner step {n} before {what}")
+        faults.append(what)
+
+    after(3, "kill a runner")
+    os.kill(pid_of(port, "runners/runner-b-0"), signal.SIGKILL)
+    after(8, "kill the merger")
+    os.kill(pid_of(port, "merger"), signal.SIGKILL)
+    after(13, "kill the learner")
+    os.kill(pid_of(port, "model.policy/learner"), signal.SIGKILL)
+    after(18, "kill node a")
+    swarm.kill_system(port_a, node_a)
+    swarm.join(port, token, "c", slots=2)                    # a replacement node joins
+    after(22, "kill a runner again")
+    os.kill(pid_of(port, "runners/runner-c-1"), signal.SIGKILL)
+
+    wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what=f"{STEPS} learner steps")
+    wait_until(lambda: status()["groups"]["groups_unacknowledged"] == 0, 30)
+    data = status()
+    assert data["models"][0]["learner_step"] == STEPS
+    assert data["restarts"].get("root/model.policy/learner", 0) >= 1
+    assert data["restarts"].get("root/merger", 0) >= 1
+    assert data["nodes_lost"] >= 1
+
+    # every finished group is in the ledger, trained or pending; none twice
+    db = sqlite3.connect(run / "ledger.sqlite")
+    finished, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups").fetchone()
+    assert finished == data["groups"]["finished"]
+    assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
+    episode_ids = [e for (rewards,) in db.execute("SELECT rewards FROM groups") for e in json.loads(rewards)]
+    assert len(episode_ids) == len(set(episode_ids)) == finished * 8       # whole groups, no duplicates
+    logged = [json.loads(line)["group_id"] for line in (run / "groups.jsonl").read_text().splitlines()]
+    assert len(logged) == len(set(logged)) == finished
+    # every lease is accounted for: finished, dropped with a cause, or still open
+    g = data["groups"]
+    assert g["issued"] == g["finished"] + g["dropped"] + g["groups_open"]
+    assert sum(g["dropped_by_cause"].values()) == g["dropped"]
+    assert data["aborted_by_cause"].get("behavior error", 0) > 0      # the injected faults happened
+    assert data["episodes"]["requeued"] > 0
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["reward_mean"] for r in rows if r["kind"] == "train"]
+    assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8, rewards
+    print("faults:", faults, "aborted:", data["aborted_by_cause"], "groups:", g)
