@@ -7,6 +7,7 @@ arithmetic episode, so ActorJet's fault handling can be exercised in a real trai
     AJ_FLAKY_RAISE   probability that the episode raises            (default 0.05)
     AJ_FLAKY_HANG    probability that it hangs for AJ_FLAKY_HANG_S s (default 0.02, 30 s)
     AJ_FLAKY_EXIT    probability that it kills its runner process    (default 0.0)
+    AJ_FLAKY_LEAK_MB megabytes it leaks per episode                  (default 0)
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import random
 import time
 
 from agents.arithmetic import behavior as arithmetic
+
+
+_LEAKED: list = []
 
 
 def _rate(name: str, default: float) -> float:
@@ -31,4 +35,6 @@ def behavior(task: dict, llm) -> float:
     roll -= _rate("AJ_FLAKY_HANG", 0.02)
     if roll < _rate("AJ_FLAKY_EXIT", 0.0):
         os._exit(17)
+    if _rate("AJ_FLAKY_LEAK_MB", 0.0):
+        _LEAKED.append(b"\x01" * int(_rate("AJ_FLAKY_LEAK_MB", 0.0) * 2**20))   # touched: resident
     return arithmetic(task, llm)

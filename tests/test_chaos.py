@@ -92,3 +92,32 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_pat
     rewards = [r["reward_mean"] for r in rows if r["kind"] == "train"]
     assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8, rewards
     print("faults:", faults, "aborted:", data["aborted_by_cause"], "groups:", g)
+
+
+def test_environment_and_engine_faults_stay_local(swarm, tmp_path):
+    """Behaviors that kill their runner process or leak past the memory limit cost only their
+    own runner a restart; an engine crash is restarted and the agents' clients retry."""
+    swarm.env.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.004", AJ_FLAKY_LEAK_MB="4")
+    job = JOB.replace(f"steps = {STEPS}", "steps = 14").replace("runner_concurrency = 16",
+                                                                  "runner_concurrency = 8\nrunner_memory_mb = 450.0")
+    (tmp_path / "job.toml").write_text(job)
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"),
+                                extra=["--config", str(tmp_path / "job.toml")])
+    swarm.join(port, token, "a", slots=2)
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 4, 120, interval_s=0.3, what="4 steps")
+    os.kill(pid_of(port, "model.policy/engine"), signal.SIGKILL)
+    wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what="14 learner steps")
+    data = status()
+    causes = data["aborted_by_cause"]
+    assert causes.get("runner died", 0) > 0, causes                 # os._exit inside a behavior
+    assert causes.get("runner restarted", 0) > 0, causes            # the memory limit
+    assert data["restarts"].get("root/model.policy/engine") == 1
+    runner_restarts = {k: v for k, v in data["restarts"].items() if k.startswith("root/runners/")}
+    assert sum(runner_restarts.values()) >= 2
+    assert not {k for k in data["restarts"] if not k.startswith(("root/runners/", "root/model.policy/engine"))}
+    swarm_rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    swarm_lines = [r for r in swarm_rows if r["kind"] == "swarm"]        # the counters, per learner step
+    assert [r["step"] for r in swarm_lines][-1] == 14
+    assert {"episodes", "aborted_by_cause", "groups", "restarts", "nodes_lost"} <= set(swarm_lines[-1])

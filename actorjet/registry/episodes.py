@@ -8,6 +8,7 @@ import importlib
 
 import cloudpickle
 
+from actorjet import metrics
 from actorjet.registry import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.leases import LeaseDesk
@@ -55,6 +56,7 @@ class EpisodeDesk:
         self.registry = registry
         self.job = context.get("job") or {}
         self.token = context.get("token", "")
+        self.run_dir = context.get("run_dir")
         train = self.job.get("train", {})
         self.store = BehaviorStore(context.get("run_dir"))
         self.sources = [TaskSource(t, train.get("seed", 0), self.token, self.store)
@@ -157,6 +159,10 @@ class EpisodeDesk:
         self.trained += msg.groups * self.leases.group_size
         if msg.done:
             self.finished = True
+        if self.run_dir:                 # the swarm's fault counters, next to the learner's line
+            metrics.append(self.run_dir, {"kind": "swarm", "model": msg.model, "step": msg.step,
+                                          **self.status_counts(), "restarts": dict(self.registry.restarts),
+                                          "nodes_lost": self.registry.table.lost_count})
 
     # -- client mode ----------------------------------------------------------------------
     def on_ClientEvent(self, msg: m.ClientEvent, sender):
@@ -185,14 +191,17 @@ class EpisodeDesk:
                                          "version": 0, "episodes": members})
 
     # -- status ---------------------------------------------------------------------------
-    def status(self) -> dict:
+    def status_counts(self) -> dict:
         counts = self.leases.counts
         episodes = {k: counts[k] for k in ("completed", "aborted", "in_flight", "requeued")}
         episodes["trained"] = self.trained
         return {"episodes": episodes, "aborted_by_cause": dict(self.leases.abort_causes),
                 "groups": {"finished": counts["groups_finished"], "dropped": counts["groups_dropped"],
                            "dropped_by_cause": dict(self.leases.drop_causes),
-                           "late_results_rejected": counts["late_results"], **self.leases.status()},
+                           "late_results_rejected": counts["late_results"], **self.leases.status()}}
+
+    def status(self) -> dict:
+        return {**self.status_counts(),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"]}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(), "upgrades": self.upgrades.push_report(),
