@@ -41,5 +41,17 @@ def print_status(data: dict, console: Console | None = None) -> None:
         console.print(table)
     eps = data.get("episodes", {})
     console.print("episodes: " + ", ".join(f"{k} {v}" for k, v in eps.items()))
+    causes = data.get("aborted_by_cause", {})
+    if causes:
+        console.print("aborted by cause: " + ", ".join(f"{k} {v}" for k, v in sorted(causes.items())))
+    groups = data.get("groups", {})
+    if groups:
+        dropped = ", ".join(f"{k} {v}" for k, v in groups.get("dropped_by_cause", {}).items())
+        console.print(f"groups: finished {groups.get('finished', 0)}, dropped {groups.get('dropped', 0)}"
+                      + (f" ({dropped})" if dropped else "")
+                      + f", open {groups.get('groups_open', 0)}, late results rejected "
+                      f"{groups.get('late_results_rejected', 0)}")
+    if data.get("nodes_lost"):
+        console.print(f"nodes lost: {data['nodes_lost']}")
     restarts = data.get("restarts", {})
     console.print("restarts: " + (", ".join(f"{k} {v}" for k, v in sorted(restarts.items())) or "none"))
