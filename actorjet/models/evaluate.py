@@ -1,7 +1,8 @@
 """Held-out evaluation: greedy answers from the current weights, scored by the task.
 
 A task source opts in by defining ``eval_tasks()``, ``messages(task)`` and
-``score(task, text)``.  The learner runs it on its own weights (no swarm round trip), so
+``score(task, text)`` — or, when its episodes use several models, ``eval_for(model)``
+returning that triple for the model (or None).  The learner runs it on its own weights (no swarm round trip), so
 "accuracy before/after" measures the model, not the network.
 """
 from __future__ import annotations
@@ -13,27 +14,32 @@ import torch
 from actorjet.models.engine import GenRequest, TransformersEngine
 
 
-def has_eval(source: str) -> bool:
+def eval_spec(source: str, model_name: str) -> tuple | None:
+    """(eval_tasks, messages, score) that measure ``model_name`` on this task source, or None."""
     module = importlib.import_module(source)
-    return all(hasattr(module, f) for f in ("eval_tasks", "messages", "score"))
+    if hasattr(module, "eval_for"):
+        return module.eval_for(model_name)
+    if all(hasattr(module, f) for f in ("eval_tasks", "messages", "score")):
+        return module.eval_tasks, module.messages, module.score
+    return None
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, source: str, max_tokens: int = 8, limit: int | None = None) -> float:
-    module = importlib.import_module(source)
-    tasks = module.eval_tasks()[:limit] if limit else module.eval_tasks()
+def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: int | None = None) -> float:
+    eval_tasks, messages, score = spec
+    tasks = eval_tasks()[:limit] if limit else eval_tasks()
     was_training = model.training
     model.eval()
     engine = TransformersEngine(model=model, tokenizer=tokenizer, start_thread=False,
                                 device=str(next(model.parameters()).device))
     requests = []
     for task in tasks:
-        text = tokenizer.apply_chat_template(module.messages(task), add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages(task), add_generation_prompt=True, tokenize=False)
         requests.append(GenRequest(tokenizer(text, add_special_tokens=False)["input_ids"], max_tokens, 0.0))
     correct = 0.0
     for start in range(0, len(requests), 256):
         for task, res in zip(tasks[start:start + 256], engine.generate(requests[start:start + 256])):
-            correct += module.score(task, tokenizer.decode(res[0].completion_ids, skip_special_tokens=True))
+            correct += score(task, tokenizer.decode(res[0].completion_ids, skip_special_tokens=True))
     if was_training:
         model.train()
     return correct / max(1, len(tasks))

@@ -66,8 +66,18 @@ def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if mask.dim() == 4:     # additive form: what eager attention expects, and sdpa accepts too
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-    logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
-    rows = logits[batch["term_b"], batch["term_pred"]]
+    head = model.get_output_embeddings()
+    plain_head = (head is not None and hasattr(model, "model") and not getattr(model.config, "logit_scale", None)
+                  and not getattr(model.config, "final_logit_softcapping", None))
+    if plain_head:
+        # Only the rows that predict a sampled token go through the LM head: with a large
+        # vocabulary (49k for SmolLM2's tokenizer) the full logits tensor is most of the step.
+        hidden = model.model(input_ids=batch["input_ids"], attention_mask=mask,
+                             position_ids=batch["position_ids"]).last_hidden_state
+        rows = head(hidden[batch["term_b"], batch["term_pred"]])
+    else:
+        logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
+        rows = logits[batch["term_b"], batch["term_pred"]]
     rows = rows.to(torch.promote_types(rows.dtype, torch.float32)) / batch["temperatures"].unsqueeze(-1)
     return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
 

@@ -17,7 +17,7 @@ import torch
 from actorjet import metrics
 from actorjet.job import model_config
 from actorjet.ledger import Ledger
-from actorjet.models.evaluate import greedy_accuracy, has_eval
+from actorjet.models.evaluate import eval_spec, greedy_accuracy
 from actorjet.models import threads
 from actorjet.models.grpo import GRPOConfig, grpo_step
 from actorjet.runtime import messages as m
@@ -59,8 +59,8 @@ class Learner(ManagedActor):
         self.ledger = Ledger(self.run_dir)
         self.duplicates_skipped = 0
         self._resume()
-        eval_sources = [t["source"] for t in job["tasks"] if has_eval(t["source"])]
-        self.eval_source = eval_sources[0] if eval_sources else None
+        specs = [spec for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
+        self.eval = specs[0] if specs else None
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
 
@@ -155,10 +155,10 @@ class Learner(ManagedActor):
             self._checkpoint()
 
     def _evaluate(self) -> None:
-        if self.eval_source is None:
+        if self.eval is None:
             return
         t0 = time.perf_counter()
-        acc = greedy_accuracy(self.model, self.tokenizer, self.eval_source, self.cfg["eval_max_tokens"])
+        acc = greedy_accuracy(self.model, self.tokenizer, self.eval, self.cfg["eval_max_tokens"])
         metrics.append(self.run_dir, {"kind": "eval", "model": self.model_name, "step": self.step,
                                       "weight_version": self.version, "accuracy": acc,
                                       "eval_time_s": time.perf_counter() - t0})

