@@ -23,6 +23,7 @@ from pathlib import Path
 from actorjet.errors import UserError
 
 ZOO_VERSION = 2
+JUDGE_VERSION = 3       # 2 said yes/no (it could not learn that); 3 gives the last digit
 DIGITS = "0123456789"
 CHARS = list(DIGITS + "+-*=?: ")   # everything the arithmetic prompts use
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -158,7 +159,7 @@ def judge_example(rng: random.Random) -> tuple[str, str]:
 
 
 def tiny_judge(seed: int = 0, progress=None, steps: int = 250) -> Path:
-    out = cache_dir() / "zoo" / f"tiny-judge-v{ZOO_VERSION}-seed{seed}-steps{steps}"
+    out = cache_dir() / "zoo" / f"tiny-judge-j{JUDGE_VERSION}-seed{seed}-steps{steps}"
     if (out / "done.json").exists():
         return out
     import torch

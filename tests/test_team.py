@@ -1,0 +1,43 @@
+"""Heterogeneous multi-model RL: two different trainable models (different tokenizers) as
+the brains of one team, each trained only on its own calls with its own reward."""
+import json
+import sqlite3
+
+import pytest
+
+from actorjet.runtime.head import attach_root
+from actorjet.runtime.head import status as head_status
+from swarm import REPO, wait_until
+
+pytestmark = pytest.mark.slow
+
+STEPS = 40
+TINY_VOCAB = 21          # tiny-arith's character tokenizer
+
+
+def test_two_models_train_on_their_own_calls_and_both_rewards_rise(swarm, tmp_path):
+    job = (REPO / "agents" / "team.toml").read_text().replace("steps = 60", f"steps = {STEPS}")
+    (tmp_path / "team.toml").write_text(job)
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "two_models.toml"), slots=2,
+                            extra=["--config", str(tmp_path / "team.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: [m["learner_step"] for m in status()["models"]] == [STEPS, STEPS], 600, interval_s=1,
+               what=f"{STEPS} steps of both learners")
+
+    db = sqlite3.connect(run / "ledger.sqlite")
+    seen = {}
+    for model, calls in db.execute("SELECT model, calls FROM groups"):
+        for episode_calls in json.loads(calls).values():
+            for call in episode_calls:
+                assert call["model"] == model and call["role"] == model      # only its own calls
+                seen.setdefault(model, set()).update(call["prompt_ids"] + call["completion_ids"])
+    assert max(seen["proposer"]) < TINY_VOCAB < max(seen["verifier"])        # two different tokenizers
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for model in ("proposer", "verifier"):
+        rewards = [r["reward_mean"] for r in rows if r["kind"] == "train" and r["model"] == model]
+        assert len(rewards) == STEPS
+        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+        print(f"{model}: reward {first:.3f} → {last:.3f}")
+        assert last > first, (model, rewards)
