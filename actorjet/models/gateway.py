@@ -35,7 +35,8 @@ class EngineUnavailable(Exception):
 class Gateway:
     def __init__(self, model: str, tokenizer, backend: Backend, secret: str, max_len: int,
                  store: CallStore | None = None, default_max_tokens: int = 256,
-                 outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None):
+                 outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None,
+                 record: bool = True):
         self.model, self.tokenizer, self.backend = model, tokenizer, backend
         self.secret, self.max_len = secret, max_len
         self.store = store or CallStore()
@@ -44,6 +45,7 @@ class Gateway:
         self.directory = directory or (lambda: {})          # model name → gateway base URL
         self.weight_version = 0
         self.requests = 0
+        self.record = record        # a frozen model (nothing trains on its calls) keeps no records
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._errors])
@@ -136,6 +138,8 @@ class Gateway:
         return text[:cut] if cut >= 0 else text
 
     def _record(self, episode_id, role, prompt_ids, results, s, messages, tools) -> None:
+        if not self.record:
+            return
         base = self.store.next_index(episode_id)
         params = {"temperature": s.temperature, "top_p": s.top_p, "n": s.n, "stop": s.stop, "seed": s.seed}
         self.store.add([CallRecord(episode_id, self.model, role, base, k, list(prompt_ids),

@@ -59,7 +59,7 @@ class Gateway(ManagedActor):
         max_len = int(getattr(AutoConfig.from_pretrained(cfg["path"]), "max_position_embeddings", 2048))
         self.app = GatewayApp(self.model, tokenizer, self.backend, self.context["token"], max_len,
                               default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
-                              directory=lambda: dict(self.base_urls))
+                              directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]))
         host = self.context.get("gateway_host", "127.0.0.1")
         self.server = AppServer(self.app.app(), host=host, port=cfg["gateway_port"])
         self._announce()
