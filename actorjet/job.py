@@ -34,7 +34,11 @@ TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
 TRAIN_DEFAULTS = {"group_size": 8, "groups_per_step": 32, "steps": 100, "max_staleness": 1,
                   "seed": 0, "lease_timeout_s": 120.0, "runner_concurrency": 32,
                   "episode_retries": 2,      # rounds of re-running failed members before a group is dropped
-                  "runner_memory_mb": 0.0}   # a runner above this RSS restarts (0: no limit)
+                  "runner_memory_mb": 0.0,   # a runner above this RSS restarts (0: no limit)
+                  "isolation": "thread",     # thread | process: each task's episodes in its own process
+                  "task_memory_mb": 0.0,     # with isolation = process: a task worker above this restarts
+                  "mix": "fill",             # strict | fill: batches keep the task weights, or fill when one stalls
+                  "fill_after_s": 2.0}       # fill: how long a batch waits for a stalled task's share
 
 
 def tree_path(name: str) -> Path:
@@ -78,6 +82,16 @@ def normalize(data: dict, where: str = "job") -> dict:
         if m["engine"] not in ("transformers", "vllm"):
             raise UserError(f"{where}: model {m['name']!r}: engine must be transformers or vllm")
     t = job["train"]
+    if t["isolation"] not in ("thread", "process"):
+        raise UserError(f"{where}: [train] isolation must be thread or process")
+    if t["mix"] not in ("strict", "fill"):
+        raise UserError(f"{where}: [train] mix must be strict or fill")
+    tasks = [x["name"] for x in job["tasks"]]
+    if len(set(tasks)) != len(tasks):
+        raise UserError(f"{where}: task names must be unique, got {tasks}")
+    for x in job["tasks"]:
+        if x["weight"] <= 0:
+            raise UserError(f"{where}: task {x['name']!r}: weight must be > 0")
     for key in ("group_size", "groups_per_step", "steps", "runner_concurrency"):
         if not isinstance(t[key], int) or t[key] < 1:
             raise UserError(f"{where}: [train] {key} must be a positive integer, got {t[key]!r}")

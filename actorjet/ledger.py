@@ -70,12 +70,26 @@ class Ledger:
                             group.get("version"), json.dumps(rewards), json.dumps(calls), time.time()))
         return True
 
-    def pending(self, model: str, limit: int) -> list[dict]:
-        rows = self.db.execute("SELECT group_id, task_name, behavior, version, rewards, calls FROM groups "
-                               "WHERE model = ? AND trained_step IS NULL AND batch IS NULL "
-                               "ORDER BY stored_at LIMIT ?", (model, limit)).fetchall()
+    def pending(self, model: str, limit: int, task: str | None = None, skip: tuple = ()) -> list[dict]:
+        """The oldest pending groups (of one task if given, leaving out ``skip``)."""
+        query = ("SELECT group_id, task_name, behavior, version, rewards, calls FROM groups "
+                 "WHERE model = ? AND trained_step IS NULL AND batch IS NULL")
+        args: list = [model]
+        if task is not None:
+            query += " AND task_name = ?"
+            args.append(task)
+        if skip:
+            query += f" AND group_id NOT IN ({','.join('?' * len(skip))})"
+            args += list(skip)
+        rows = self.db.execute(query + " ORDER BY stored_at LIMIT ?", (*args, limit)).fetchall()
         return [{"group_id": g, "task_name": t, "behavior": b, "version": v,
                  "rewards": json.loads(r), "calls": json.loads(c)} for g, t, b, v, r, c in rows]
+
+    def pending_by_task(self, model: str) -> dict[str, tuple[int, float]]:
+        """task → (pending groups, when the oldest was stored)."""
+        return {t: (n, oldest) for t, n, oldest in self.db.execute(
+            "SELECT task_name, COUNT(*), MIN(stored_at) FROM groups WHERE model = ? AND trained_step IS NULL "
+            "AND batch IS NULL GROUP BY task_name", (model,))}
 
     def count_pending(self, model: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM groups WHERE model = ? AND trained_step IS NULL "

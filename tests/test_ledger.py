@@ -47,7 +47,8 @@ class FakeRegistry:
 
 def desk(group_size=2, retries=1, timeout=60.0):
     tasks = iter(range(10**6))
-    source = SimpleNamespace(name="t", behavior="t", version=1, tasks=({"i": i} for i in tasks))
+    source = SimpleNamespace(name="t", behavior="t", version=1, tasks=({"i": i} for i in tasks),
+                             weight=1.0, state="active", issued=0)
     registry = FakeRegistry()
     d = SimpleNamespace(registry=registry, token="k", sources=[source],
                         services={"": {"merger": {"address": "merger"}}})

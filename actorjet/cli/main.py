@@ -18,11 +18,12 @@ typical use:
   actorjet status                              nodes, runners, models, behaviors, episodes
   actorjet upgrade TASK agent.py:behavior      new agent code on every runner, no restart
   actorjet rollback TASK                       back to the previous version of that code
+  actorjet task pause|resume|remove|add TASK   change the task cocktail while training runs
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from actorjet.cli import behavior_cmds, node_cmds, train_cmds
+    from actorjet.cli import behavior_cmds, node_cmds, task_cmds, train_cmds
 
     parser = argparse.ArgumentParser(
         prog="actorjet", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_cmds.add_status(sub)
     behavior_cmds.add_upgrade(sub)
     behavior_cmds.add_rollback(sub)
+    task_cmds.add_task(sub)
     return parser
 
 

@@ -38,6 +38,16 @@ def collect_calls(gateway_url: str, token: str, episode_ids: list[str], release:
         return json.loads(resp.read())
 
 
+def apportion(total: int, weights: dict[str, float]) -> dict[str, int]:
+    """Split ``total`` by ``weights`` into integers (largest remainders): 16 at 3:1 → 12 + 4."""
+    w = sum(weights.values())
+    exact = {k: total * v / w for k, v in weights.items()}
+    out = {k: int(x) for k, x in exact.items()}
+    for k in sorted(exact, key=lambda k: exact[k] - out[k], reverse=True)[:total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
 def merge_mode(model_cfg: dict) -> str:
     """``auto`` = the best the model supports: tree packing needs an attention implementation
     that takes a 4D mask (sdpa, eager); flash-attention models fall back to prefix merging."""
@@ -55,6 +65,8 @@ class Merger(ManagedActor):
     def on_init(self) -> None:
         train = self.context["job"]["train"]
         self.groups_per_step = train["groups_per_step"]
+        self.mix, self.fill_after_s = train.get("mix", "fill"), float(train.get("fill_after_s", 2.0))
+        self.tasks: dict = {}
         self.trainable = [m["name"] for m in self.context["job"]["models"] if m.get("trainable", True)]
         self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
         self.tree_max_tokens = 4096
@@ -86,6 +98,7 @@ class Merger(ManagedActor):
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.services = msg.services
+        self.tasks = msg.tasks
         deferred, self.deferred = self.deferred, []
         for done, reply_to in deferred:
             self.receiveMsg_GroupDone(done, reply_to)
@@ -126,8 +139,36 @@ class Merger(ManagedActor):
         for model in self.trainable:
             if "learner" not in self.services.get(model, {}):
                 continue
-            while self.ledger.count_pending(model) >= self.groups_per_step:
-                self._flush(model, self.ledger.pending(model, self.groups_per_step))
+            while True:
+                groups = self._compose(model)
+                if not groups:
+                    break
+                self._flush(model, groups)
+
+    def _compose(self, model: str) -> list[dict] | None:
+        """The next batch: ``groups_per_step`` groups, split between the active tasks by
+        their weights (largest remainders).  ``strict`` waits for every task's share;
+        ``fill`` waits ``fill_after_s`` for a stalled task, then fills its share with the
+        oldest groups of the others, so one task can never starve the learner."""
+        size = self.groups_per_step
+        pending = self.ledger.pending_by_task(model)
+        if sum(n for n, _ in pending.values()) < size:
+            return None
+        active = {t: v["weight"] for t, v in self.tasks.items() if v.get("state") == "active"}
+        if len(active) <= 1:
+            return self.ledger.pending(model, size)
+        quota = apportion(size, active)
+        short = any(pending.get(t, (0, 0))[0] < q for t, q in quota.items())
+        if short:
+            oldest = min(t for _, t in pending.values())
+            if self.mix == "strict" or time.time() - oldest < self.fill_after_s:
+                return None
+        groups = []
+        for task, q in quota.items():
+            groups += self.ledger.pending(model, q, task=task)
+        if len(groups) < size:       # fill: the oldest groups of any task
+            groups += self.ledger.pending(model, size - len(groups), skip=tuple(g["group_id"] for g in groups))
+        return groups
 
     def _tokenizer(self, model: str):
         if model not in self.tokenizers:
@@ -152,6 +193,11 @@ class Merger(ManagedActor):
                     if r is not None:
                         credited.setdefault(episode_id, r)
             stats["rewards"] += list(credited.values())
+            per_task = stats.setdefault("by_task", {}).setdefault(group["task_name"], {
+                "groups": 0, "episodes": 0, "reward_sum": 0.0})
+            per_task["groups"] += 1
+            per_task["episodes"] += len(credited)
+            per_task["reward_sum"] += sum(credited.values())
             tag = f"{group['behavior']}@v{group['version']}"
             by = stats["by_behavior"].setdefault(tag, {"episodes": 0, "reward_sum": 0.0})
             by["episodes"] += len(credited)
@@ -170,6 +216,9 @@ class Merger(ManagedActor):
         path = self.out_dir / f"{model}-{self.context.get('head_epoch', 0)}-{self.batches:06d}.pt"
         calls, batch = self._credit(model, groups)
         rewards = batch.pop("rewards")
+        batch["by_task"] = {t: {"groups": v["groups"], "episodes": v["episodes"],
+                                "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
+                            for t, v in batch.get("by_task", {}).items()}
         batch["by_behavior"] = {tag: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
                                 for tag, v in batch["by_behavior"].items()}
         mode = self.merge_modes.get(model, "none")

@@ -59,8 +59,7 @@ class Learner(ManagedActor):
         self.ledger = Ledger(self.run_dir)
         self.duplicates_skipped = 0
         self._resume()
-        specs = [spec for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
-        self.eval = specs[0] if specs else None
+        self.evals = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
 
@@ -146,7 +145,7 @@ class Learner(ManagedActor):
         record.update({k: msg.stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
                                                   "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
                                                   "tools_unified", "text_aligned",
-                                                  "by_behavior") if k in msg.stats})
+                                                  "by_behavior", "by_task") if k in msg.stats})
         metrics.append(self.run_dir, record)
         Path(msg.path).unlink(missing_ok=True)
         if self.step % self.cfg["eval_every"] == 0 or done:
@@ -155,14 +154,14 @@ class Learner(ManagedActor):
             self._checkpoint()
 
     def _evaluate(self) -> None:
-        if self.eval is None:
-            return
-        t0 = time.perf_counter()
-        acc = greedy_accuracy(self.model, self.tokenizer, self.eval, self.cfg["eval_max_tokens"])
-        metrics.append(self.run_dir, {"kind": "eval", "model": self.model_name, "step": self.step,
-                                      "weight_version": self.version, "accuracy": acc,
-                                      "eval_time_s": time.perf_counter() - t0})
-        log.info("%s step %d: held-out accuracy %.3f", self.model_name, self.step, acc)
+        """Held-out accuracy of this model on every task that has an eval set (one line each)."""
+        for task, spec in self.evals:
+            t0 = time.perf_counter()
+            acc = greedy_accuracy(self.model, self.tokenizer, spec, self.cfg["eval_max_tokens"])
+            metrics.append(self.run_dir, {"kind": "eval", "model": self.model_name, "task": task, "step": self.step,
+                                          "weight_version": self.version, "accuracy": acc,
+                                          "eval_time_s": time.perf_counter() - t0})
+            log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, self.step, task, acc)
 
     def _checkpoint(self) -> None:
         out = self.run_dir / "checkpoints" / self.model_name / f"step_{self.step:06d}"

@@ -30,6 +30,7 @@ class TaskSource:
     def __init__(self, cfg: dict, seed: int, secret: str, store: BehaviorStore):
         self.name, self.cfg, self.secret = cfg["name"], cfg, secret
         self.behavior = self.name
+        self.weight, self.state, self.issued = float(cfg.get("weight", 1.0)), "active", 0
         self.tasks = importlib.import_module(cfg["source"]).tasks(seed)
         current = store.current(self.name)
         if current is None or store.index(self.name).get("config") != cfg["behavior"]:
@@ -94,11 +95,42 @@ class EpisodeDesk:
     def subscribe(self, sender) -> None:
         if sender not in self.subscribers:
             self.subscribers.append(sender)
-        self.registry.send(sender, m.Directory(self.services))
+        self.registry.send(sender, m.Directory(self.services, self.task_table()))
 
     def _publish(self) -> None:
         for sub in self.subscribers:
-            self.registry.send(sub, m.Directory(self.services))
+            self.registry.send(sub, m.Directory(self.services, self.task_table()))
+
+    def task_table(self) -> dict:
+        return {s.name: {"weight": s.weight, "state": s.state, "issued": s.issued} for s in self.sources}
+
+    # -- cocktail: tasks added, paused, resumed, removed while training runs ---------------
+    def on_TaskCommand(self, msg: m.TaskCommand, sender):
+        source = self.source(msg.name)
+        error = ""
+        if msg.action == "add":
+            if source is not None:
+                error = f"task {msg.name!r} exists already"
+            else:
+                from actorjet.job import TASK_DEFAULTS, _section
+                from actorjet.errors import UserError
+                try:
+                    cfg = _section({**msg.config, "name": msg.name}, TASK_DEFAULTS, f"task {msg.name}")
+                    seed = self.job.get("train", {}).get("seed", 0)
+                    self.sources.append(TaskSource(cfg, seed, self.token, self.store))
+                except (UserError, ImportError, AttributeError, ValueError) as e:
+                    error = f"cannot add task {msg.name!r}: {e}"
+        elif source is None:
+            error = f"no task named {msg.name!r} (tasks: {', '.join(s.name for s in self.sources) or 'none'})"
+        elif msg.action in ("pause", "resume"):
+            source.state = "paused" if msg.action == "pause" else "active"
+        elif msg.action == "remove":
+            self.sources.remove(source)       # its groups in flight still finish and train
+        else:
+            error = f"unknown action {msg.action!r}"
+        if not error:
+            self._publish()
+        self.registry.send(sender, m.TaskReply(not error, error, self.task_table()))
 
     def gateway_urls(self) -> dict[str, str]:
         return {name: s["gateway"]["url"] for name, s in self.services.items() if "gateway" in s}
@@ -196,6 +228,9 @@ class EpisodeDesk:
         episodes = {k: counts[k] for k in ("completed", "aborted", "in_flight", "requeued")}
         episodes["trained"] = self.trained
         return {"episodes": episodes, "aborted_by_cause": dict(self.leases.abort_causes),
+                "tasks": {name: {**t, "completed": self.leases.completed_by_task.get(name, 0),
+                                 "aborted_by_cause": dict(self.leases.abort_by_task.get(name, {}))}
+                          for name, t in self.task_table().items()},
                 "groups": {"finished": counts["groups_finished"], "dropped": counts["groups_dropped"],
                            "dropped_by_cause": dict(self.leases.drop_causes),
                            "late_results_rejected": counts["late_results"], **self.leases.status()}}

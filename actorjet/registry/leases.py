@@ -44,6 +44,8 @@ class LeaseDesk:
                        "groups_finished": 0, "groups_dropped": 0}
         self.abort_causes: dict[str, int] = {}
         self.drop_causes: dict[str, int] = {}
+        self.abort_by_task: dict[str, dict] = {}
+        self.completed_by_task: dict[str, int] = {}
 
     @property
     def registry(self):
@@ -61,7 +63,10 @@ class LeaseDesk:
             if group_id in self.groups:
                 out.append(self._lease(self.groups[group_id], members, runner_id, urls))
         for _ in range(min(max_groups - len(out), self.room(consumed))):
-            source = self.desk.sources[self.issued % len(self.desk.sources)]
+            source = self._next_source()
+            if source is None:
+                break
+            source.issued += 1
             self.issued += 1
             group_id = f"g{self.registry.epoch}_{self.issued}"
             group = {"group_id": group_id, "source": source.name, "task": next(source.tasks),
@@ -69,6 +74,16 @@ class LeaseDesk:
             self.groups[group_id] = group
             out.append(self._lease(group, list(range(self.group_size)), runner_id, urls))
         return out
+
+    def _next_source(self):
+        """The active task furthest behind its weight's share of the groups issued (a
+        deficit round robin: over any stretch, shares follow the weights within one group)."""
+        active = [s for s in self.desk.sources if s.state == "active"]
+        if not active:
+            return None
+        total_w = sum(s.weight for s in active)
+        total = sum(s.issued for s in active) + 1
+        return max(active, key=lambda s: s.weight / total_w * total - s.issued)
 
     def _lease(self, group: dict, members: list[int], runner_id: str, urls: dict) -> dict:
         self.serial += 1
@@ -115,6 +130,8 @@ class LeaseDesk:
         key = cause.split(":")[0]
         self.counts["aborted"] += len(members)
         self.abort_causes[key] = self.abort_causes.get(key, 0) + len(members)
+        by_task = self.abort_by_task.setdefault(group["source"], {})
+        by_task[key] = by_task.get(key, 0) + len(members)
         if retry and group["attempts"] < self.max_retries:
             group["attempts"] += 1
             self.counts["requeued"] += len(members)
@@ -135,6 +152,7 @@ class LeaseDesk:
                 "version": group["version"], "episodes": [group["results"][k] for k in range(self.group_size)]}
         self.groups.pop(group["group_id"], None)
         self.counts["completed"] += self.group_size
+        self.completed_by_task[group["source"]] = self.completed_by_task.get(group["source"], 0) + self.group_size
         self.finish_external(done)
 
     def finish_external(self, done: dict) -> None:
@@ -184,7 +202,7 @@ class LeaseDesk:
 def _cause(error: str) -> str:
     """The counter an episode's failure goes under (`actorjet status`: aborted_by_cause)."""
     for prefix, cause in (("upgrade abort", "upgrade abort"), ("timeout", "episode timeout"),
-                          ("runner restarted", "runner restarted")):
+                          ("runner restarted", "runner restarted"), ("worker died", "task worker died")):
         if error.startswith(prefix):
             return f"{cause}: {error}"
     return f"behavior error: {error}"

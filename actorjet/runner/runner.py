@@ -22,6 +22,7 @@ from thespian.actors import WakeupMessage
 
 from actorjet.registry import behaviors
 from actorjet.runner.llm import LLM
+from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -77,6 +78,10 @@ class AgentRunner(ManagedActor):
         self.groups: dict[str, tuple[dict, list[Future]]] = {}
         self.canaries: dict[str, tuple[m.Canary, list[Future], object]] = {}
         self.hung: list[Future] = []
+        self.isolation = train.get("isolation", "thread")           # thread | process (worker.py)
+        self.task_memory_mb = float(train.get("task_memory_mb", 0))
+        self.workers: dict[str, TaskWorker] = {}
+        self.payloads: dict[tuple, dict] = {}
         self.memory_limit_mb = float(train.get("runner_memory_mb", 0))
         self.next_memory_check = 0.0
         self.waiting_for_leases = False
@@ -111,6 +116,7 @@ class AgentRunner(ManagedActor):
             return error
         versions = self.behaviors.setdefault(payload["name"], {})
         versions[payload["version"]] = fn
+        self.payloads[(payload["name"], payload["version"])] = payload     # what task workers load
         for old in sorted(versions)[:-8]:        # keep a few: in-flight leases may still need them
             if old != payload["version"]:
                 del versions[old]
@@ -169,8 +175,15 @@ class AgentRunner(ManagedActor):
                            for ep in lease["episodes"]]
                 self.send(self.registry, m.GroupResult(self.runner_id, lease["lease_id"], results))
                 continue
-            futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
-                       for ep in lease["episodes"]]
+            if self.isolation == "process":
+                worker = self.workers.get(lease["task_name"])
+                if worker is None:
+                    worker = self.workers[lease["task_name"]] = TaskWorker(lease["task_name"], self.concurrency)
+                payload = self.payloads[(lease["behavior"], lease["version"])]
+                futures = [worker.submit(payload, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
+            else:
+                futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
+                           for ep in lease["episodes"]]
             lease["give_up_at"] = time.monotonic() + float(lease.get("timeout_s", 120.0))
             self.groups[lease["lease_id"]] = (lease, futures)
         self._poll_soon()
@@ -219,6 +232,12 @@ class AgentRunner(ManagedActor):
         runner reports its work as failed (so it is retried elsewhere) and crashes on purpose:
         its supervisor starts a clean process, and no other runner is touched."""
         self.hung = [f for f in self.hung if not f.done()]
+        if self.task_memory_mb and self.workers and time.monotonic() > self.next_memory_check:
+            for name, worker in self.workers.items():
+                rss = worker.rss_mb()
+                if rss > self.task_memory_mb:
+                    log.warning("%s: task %s's worker uses %.0f MB: restarted", self.runner_id, name, rss)
+                    worker.kill(f"task worker over task_memory_mb = {self.task_memory_mb:g} ({rss:.0f} MB)")
         reason = ""
         if len(self.hung) >= max(1, self.concurrency // 2):
             reason = f"{len(self.hung)} hung episodes hold its threads"
@@ -237,6 +256,8 @@ class AgentRunner(ManagedActor):
         raise RuntimeError(f"runner {self.runner_id} restarts because {reason}")
 
     def on_stop(self) -> None:
+        for worker in getattr(self, "workers", {}).values():
+            worker.close()
         if getattr(self, "pool", None):
             self.pool.shutdown(wait=False, cancel_futures=True)
             # Interpreter exit joins the pool's threads; a hung behavior would keep this process

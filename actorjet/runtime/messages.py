@@ -191,8 +191,10 @@ class ServiceUp:
 
 @dataclass
 class Directory:
-    """Registry → subscribers: where every service is, {model: {kind: {url, address}}}."""
+    """Registry → subscribers: where every service is, {model: {kind: {url, address}}}, and
+    the task table {name: {weight, state}} (the merger mixes batches by it)."""
     services: dict
+    tasks: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -330,3 +332,19 @@ class CanaryResult:
     error: str = ""
     traceback: str = ""
     rewards: list = field(default_factory=list)
+
+
+# --- cocktail: tasks while training runs (actorjet task add | pause | resume | remove) -------
+
+@dataclass
+class TaskCommand:
+    action: str                  # add | pause | resume | remove
+    name: str
+    config: dict = field(default_factory=dict)   # for add: {source, behavior, weight}
+
+
+@dataclass
+class TaskReply:
+    ok: bool
+    error: str = ""
+    tasks: dict = field(default_factory=dict)

@@ -1,0 +1,122 @@
+"""Task workers: one OS process per task inside a runner, so tasks cannot hurt each other.
+
+With ``isolation = "process"`` a runner runs each task's episodes in that task's own
+worker process (a thread pool inside it, since episodes mostly wait on HTTP).  If a
+task's environment kills its process, exhausts it or leaks past ``task_memory_mb``, only
+that worker dies: its episodes in flight fail (and are retried by the registry), the next
+episode of the task starts a fresh worker, and every other task's episodes keep running.
+
+Parent ↔ worker: a multiprocessing pipe carrying (episode id, payload, task, urls, episode)
+one way and (episode id, result) the other.  The worker is started with "spawn": the
+runner is a threaded actor process, and forking one is unsafe.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import psutil
+
+
+def _worker_main(conn, threads: int) -> None:
+    from actorjet.runner.runner import load_behavior, run_episode
+
+    loaded: dict[tuple, object] = {}
+    lock = threading.Lock()
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="episode")
+
+    def run(key, payload, task, urls, episode):
+        fn = loaded.get((payload["name"], payload["version"]))
+        if fn is None:
+            fn, error, _ = load_behavior(payload)
+            if fn is None:
+                result = {"episode_id": episode["episode_id"], "reward": None, "error": error}
+                with lock:
+                    conn.send((key, result))
+                return
+            loaded[(payload["name"], payload["version"])] = fn
+        result = run_episode(fn, task, urls, episode)
+        with lock:
+            conn.send((key, result))
+
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        pool.submit(run, *msg)
+
+
+class TaskWorker:
+    def __init__(self, task_name: str, threads: int):
+        self.task_name, self.threads = task_name, threads
+        self.process = None
+        self.conn = None
+        self.futures: dict[str, Future] = {}
+        self.lock = threading.Lock()
+        self.restarts = 0
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True,
+                                   name=f"actorjet-task-{self.task_name}")
+        self.process.start()
+        child.close()
+        self.conn = parent
+        threading.Thread(target=self._read, args=(parent, self.process), daemon=True).start()
+
+    def submit(self, payload: dict, task: dict, urls: dict, episode: dict) -> Future:
+        with self.lock:
+            if self.process is None or not self.process.is_alive():
+                if self.process is not None:
+                    self.restarts += 1
+                self._start()
+            future: Future = Future()
+            self.futures[episode["episode_id"]] = future
+            try:
+                self.conn.send((episode["episode_id"], payload, task, urls, episode))
+            except (OSError, BrokenPipeError):
+                self._fail_all(f"task worker for {self.task_name} is gone")
+        return future
+
+    def _read(self, conn, process) -> None:
+        while True:
+            try:
+                key, result = conn.recv()
+            except (EOFError, OSError):
+                break
+            with self.lock:
+                future = self.futures.pop(key, None)
+            if future is not None:
+                future.set_result(result)
+        process.join(1.0)
+        with self.lock:
+            if self.process is process:
+                self._fail_all(f"task worker for {self.task_name} died (exit code {process.exitcode})")
+
+    def _fail_all(self, error: str) -> None:
+        for episode_id, future in list(self.futures.items()):
+            future.set_result({"episode_id": episode_id, "reward": None, "error": f"worker died: {error}"})
+        self.futures.clear()
+
+    def rss_mb(self) -> float:
+        try:
+            return psutil.Process(self.process.pid).memory_info().rss / 2**20 if self.process else 0.0
+        except psutil.Error:
+            return 0.0
+
+    def kill(self, reason: str) -> None:
+        """Stop this task's worker (e.g. over its memory limit): only its own episodes fail."""
+        with self.lock:
+            process = self.process
+            if process is not None and process.is_alive():
+                self._fail_all(reason)
+                process.kill()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()

@@ -1,0 +1,91 @@
+"""Multi-task cocktail training: isolated task runtimes, mixing weights, tasks changed live."""
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from actorjet.runtime.head import attach_root
+from actorjet.runtime.head import status as head_status
+from swarm import REPO, wait_until
+
+pytestmark = pytest.mark.slow
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+eval_every = 1000
+[[tasks]]
+name = "healthy"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+weight = {w_healthy}
+[[tasks]]
+name = "{other}"
+source = "agents.arithmetic"
+behavior = "{other_behavior}"
+weight = {w_other}
+[train]
+group_size = 8
+groups_per_step = 8
+steps = 100000
+runner_concurrency = 16
+isolation = "process"
+mix = "{mix}"
+"""
+
+
+def start(swarm, tmp_path, **fields):
+    (tmp_path / "job.toml").write_text(JOB.format(**fields))
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=2,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    return run, port, lambda: head_status(*attach_root(port))
+
+
+def test_a_task_that_crashes_its_process_never_aborts_the_other_task(swarm, tmp_path):
+    swarm.env.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.15")
+    run, port, status = start(swarm, tmp_path, w_healthy=1.0, w_other=1.0, other="crashy",
+                              other_behavior="agents.flaky_arithmetic:behavior", mix="fill")
+    wait_until(lambda: status()["tasks"]["healthy"]["completed"] >= 400, 240, interval_s=1,
+               what="400 episodes of the healthy task")
+    tasks = status()["tasks"]
+    assert tasks["crashy"]["aborted_by_cause"].get("task worker died", 0) > 0      # it did crash
+    assert tasks["healthy"]["aborted_by_cause"] == {}                            # and nothing else did
+    assert status()["restarts"] == {} or all("runners" not in k for k in status()["restarts"])
+    assert status()["models"][0]["learner_step"] >= 5                            # fill: never starved
+
+
+def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm, tmp_path):
+    run, port, status = start(swarm, tmp_path, w_healthy=3.0, w_other=1.0, other="minor",
+                              other_behavior="agents.arithmetic:behavior", mix="strict")
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 8, 240, interval_s=1, what="8 steps")
+    db = sqlite3.connect(run / "ledger.sqlite")
+    per_batch = {}
+    for batch, task in db.execute("SELECT batch, task_name FROM groups WHERE trained_step IS NOT NULL"):
+        per_batch.setdefault(batch, []).append(task)
+    assert sum(len(v) for v in per_batch.values()) * 8 >= 200          # ≥ 200 episodes trained
+    for tasks in per_batch.values():                                     # strict: every batch is 6 + 2
+        assert sorted(tasks).count("healthy") == 6 and tasks.count("minor") == 2, tasks
+
+    def task(*args):
+        out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "task", *args, "--run-dir", str(run)],
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert "paused" in task("pause", "minor")
+    issued = status()["tasks"]["minor"]["issued"]
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 12, 120, interval_s=1)   # strict, one task: goes on
+    assert status()["tasks"]["minor"]["issued"] == issued
+    task("add", "extra", "--source", "agents.arithmetic", "--behavior", "agents.arithmetic:behavior")
+    wait_until(lambda: status()["tasks"]["extra"]["completed"] >= 16, 120, interval_s=1, what="the added task runs")
+    task("remove", "extra")
+    assert "extra" not in status()["tasks"]
+    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "task", "pause", "nope", "--run-dir", str(run)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 2 and "no task named 'nope'" in out.stderr
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("healthy" in r.get("by_task", {}) for r in rows if r["kind"] == "train")
