@@ -70,10 +70,10 @@ def done_groups(registry):
 
 def test_a_failed_member_is_run_again_and_the_group_is_only_sent_whole():
     leases, registry = desk()
-    (lease,) = leases.lease("r", 1, 0, {"m": "url"})
+    (lease,) = leases.lease("r", 1, {}, {"m": "url"})
     leases.on_result(result(lease, ok=lambda k: k == 0))
     assert done_groups(registry) == []
-    (retry,) = leases.lease("r2", 1, 0, {"m": "url"})
+    (retry,) = leases.lease("r2", 1, {}, {"m": "url"})
     assert retry["group_id"] == lease["group_id"] and [e["episode_id"] for e in retry["episodes"]] == ["g1_1.1r1"]
     leases.on_result(result(retry))
     (done,) = done_groups(registry)
@@ -83,18 +83,18 @@ def test_a_failed_member_is_run_again_and_the_group_is_only_sent_whole():
 
 def test_a_group_that_cannot_be_completed_is_dropped_whole_and_counted():
     leases, registry = desk(retries=1)
-    (lease,) = leases.lease("r", 1, 0, {"m": "url"})
+    (lease,) = leases.lease("r", 1, {}, {"m": "url"})
     leases.on_result(result(lease, ok=lambda k: k == 0))
-    (retry,) = leases.lease("r", 1, 0, {"m": "url"})
+    (retry,) = leases.lease("r", 1, {}, {"m": "url"})
     leases.on_result(result(retry, ok=lambda k: False))
     assert done_groups(registry) == [] and leases.counts["groups_dropped"] == 1
     assert leases.drop_causes == {"behavior error": 1}
-    assert leases.room(0) == leases.window           # a dropped group frees its place
+    assert leases.room(leases.desk.sources[0], {}) == leases.window     # a dropped group frees its place
 
 
 def test_expired_leases_are_requeued_and_late_results_rejected():
     leases, registry = desk(timeout=0.0)
-    (lease,) = leases.lease("r", 1, 0, {"m": "url"})
+    (lease,) = leases.lease("r", 1, {}, {"m": "url"})
     time.sleep(0.01)
     leases.lease_timeout = 60.0
     for stored in leases.leases.values():
@@ -102,14 +102,14 @@ def test_expired_leases_are_requeued_and_late_results_rejected():
     leases.tick()
     leases.on_result(result(lease))                  # the slow runner answers after all
     assert leases.counts["late_results"] == 1 and done_groups(registry) == []
-    (again,) = leases.lease("r2", 1, 0, {"m": "url"})
+    (again,) = leases.lease("r2", 1, {}, {"m": "url"})
     leases.on_result(result(again))
     assert len(done_groups(registry)) == 1 and leases.counts["completed"] == 2
 
 
 def test_unacknowledged_groups_go_to_a_restarted_merger_again():
     leases, registry = desk()
-    (lease,) = leases.lease("r", 1, 0, {"m": "url"})
+    (lease,) = leases.lease("r", 1, {}, {"m": "url"})
     leases.on_result(result(lease))
     leases.merger_up()
     assert len(done_groups(registry)) == 2           # sent, then sent again

@@ -27,6 +27,9 @@ from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
 
 
+TICK_S = 0.2     # re-check the ledger: groups released by a learner, tasks that stalled
+
+
 def collect_calls(gateway_url: str, token: str, episode_ids: list[str], release: bool = False) -> dict:
     """Read an episode's recorded calls (kept by the gateway), or ``release`` them once the
     ledger holds them."""
@@ -65,8 +68,10 @@ class Merger(ManagedActor):
     def on_init(self) -> None:
         train = self.context["job"]["train"]
         self.groups_per_step = train["groups_per_step"]
-        self.mix, self.fill_after_s = train.get("mix", "fill"), float(train.get("fill_after_s", 2.0))
+        self.mix, self.fill_after_s = train.get("mix", "fill"), float(train.get("fill_after_s", 0.5))
         self.tasks: dict = {}
+        self.last_stored: dict[str, float] = {}      # task → when its last group was stored
+        self.started = time.time()
         self.trainable = [m["name"] for m in self.context["job"]["models"] if m.get("trainable", True)]
         self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
         self.tree_max_tokens = 4096
@@ -105,11 +110,11 @@ class Merger(ManagedActor):
         self._flush_ready()
         if not self.ticking:          # groups released by a learner or a rewind come back here
             self.ticking = True
-            self.wakeupAfter(timedelta(seconds=1.0))
+            self.wakeupAfter(timedelta(seconds=TICK_S))
 
     def receiveMsg_WakeupMessage(self, msg, sender):
         self._flush_ready()
-        self.wakeupAfter(timedelta(seconds=1.0))
+        self.wakeupAfter(timedelta(seconds=TICK_S))
 
     def receiveMsg_GroupDone(self, msg: m.GroupDone, sender):
         """Collect → commit to the ledger → release at the gateways → acknowledge.  A crash
@@ -125,6 +130,7 @@ class Merger(ManagedActor):
         group = msg.group
         ids = [e["episode_id"] for e in group["episodes"]]
         calls = {model: collect_calls(url, self.context["token"], ids) for model, url in gateways.items()}
+        self.last_stored[group.get("task_name")] = time.time()
         if self.ledger.store(group, calls):
             with open(self.groups_log, "a") as f:     # which code produced which episodes, for good
                 f.write(json.dumps({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
@@ -148,8 +154,9 @@ class Merger(ManagedActor):
     def _compose(self, model: str) -> list[dict] | None:
         """The next batch: ``groups_per_step`` groups, split between the active tasks by
         their weights (largest remainders).  ``strict`` waits for every task's share;
-        ``fill`` waits ``fill_after_s`` for a stalled task, then fills its share with the
-        oldest groups of the others, so one task can never starve the learner."""
+        ``fill`` waits only for tasks that finished a group in the last ``fill_after_s``, and
+        fills the share of a stalled one with the oldest groups of the others, so one task
+        can never starve the learner."""
         size = self.groups_per_step
         pending = self.ledger.pending_by_task(model)
         if sum(n for n, _ in pending.values()) < size:
@@ -158,11 +165,12 @@ class Merger(ManagedActor):
         if len(active) <= 1:
             return self.ledger.pending(model, size)
         quota = apportion(size, active)
-        short = any(pending.get(t, (0, 0))[0] < q for t, q in quota.items())
+        short = [t for t, q in quota.items() if pending.get(t, (0, 0))[0] < q]
         if short:
-            oldest = min(t for _, t in pending.values())
-            if self.mix == "strict" or time.time() - oldest < self.fill_after_s:
-                return None
+            now = time.time()
+            stalled = all(now - self.last_stored.get(t, self.started) > self.fill_after_s for t in short)
+            if self.mix == "strict" or not stalled:
+                return None       # fill only for tasks that finished nothing for fill_after_s
         groups = []
         for task, q in quota.items():
             groups += self.ledger.pending(model, q, task=task)

@@ -132,7 +132,8 @@ class Learner(ManagedActor):
         old = self.weights_dir / f"v{self.version - 3:06d}.safetensors"
         old.unlink(missing_ok=True)
         done = self.step >= self.train_cfg["steps"]
-        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, msg.groups, done))
+        tasks = {t: v["groups"] for t, v in msg.stats.get("by_task", {}).items()}
+        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, msg.groups, done, tasks))
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
                   "reward_mean": msg.stats.get("reward_mean"), "groups": msg.groups,
                   "episodes": msg.stats.get("episodes"), "zero_variance_groups": msg.stats.get("zero_variance_groups"),

@@ -155,8 +155,8 @@ class EpisodeDesk:
         if not self.sources or not urls or not self.models:
             self.registry.send(sender, m.NoWork(0.2, "models not ready"))
             return
-        consumed = min((v["consumed"] for v in self.models.values()), default=0)
-        leases = self.leases.lease(msg.runner_id, msg.max_groups, consumed, urls)
+        leases = self.leases.lease(msg.runner_id, msg.max_groups, self._consumed(), urls,
+                                   msg.per_task, dict(msg.busy))
         if not leases:
             self.registry.send(sender, m.NoWork(0.05, "waiting for the learner (staleness bound)"))
             return
@@ -165,6 +165,12 @@ class EpisodeDesk:
             if msg.behaviors.get(lease["behavior"]) != lease["version"]:
                 payloads[lease["behavior"]] = self.source(lease["behavior"]).payload_for(lease["version"], self.store)
         self.registry.send(sender, m.Leases(leases, payloads))
+
+    def _consumed(self) -> dict[str, int]:
+        """Groups trained per task (the slowest model decides)."""
+        names = {s.name for s in self.sources}
+        return {t: min((v.get("consumed_by_task", {}).get(t, 0) for v in self.models.values()), default=0)
+                for t in names}
 
     def on_GroupResult(self, msg: m.GroupResult, sender):
         self.leases.on_result(msg)
@@ -188,6 +194,9 @@ class EpisodeDesk:
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)
         info["consumed"] += msg.groups
+        for task, n in msg.tasks.items():
+            per_task = info.setdefault("consumed_by_task", {})
+            per_task[task] = per_task.get(task, 0) + n
         self.trained += msg.groups * self.leases.group_size
         if msg.done:
             self.finished = True
@@ -212,13 +221,13 @@ class EpisodeDesk:
             self.leases.abort_causes["client abort"] = self.leases.abort_causes.get("client abort", 0) + 1
             return
         counts["completed"] += 1
-        self.leases.issued += 1
         group_key = opened.get("group") or ev["episode_id"]
         size = int(opened.get("group_size") or 1)
         members = self.client_groups.setdefault(group_key, [])
         members.append({"episode_id": ev["episode_id"], "reward": ev["reward"]})
         if len(members) >= size:
             del self.client_groups[group_key]
+            self.leases.issued += 1
             self.leases.finish_external({"group_id": f"c_{group_key}", "task_name": "client", "behavior": "client",
                                          "version": 0, "episodes": members})
 

@@ -45,27 +45,45 @@ class LeaseDesk:
         self.abort_causes: dict[str, int] = {}
         self.drop_causes: dict[str, int] = {}
         self.abort_by_task: dict[str, dict] = {}
+        self.dropped_by_task: dict[str, int] = {}
         self.completed_by_task: dict[str, int] = {}
 
     @property
     def registry(self):
         return self.desk.registry
 
-    def room(self, consumed: int) -> int:
-        return self.window - (self.issued - consumed - self.dropped)
+    def room(self, source, consumed: dict[str, int]) -> int:
+        """A task's room in the pipeline: its own share of the window (the heaviest task gets
+        the whole window), so a task whose groups stall cannot take the room of the others."""
+        heaviest = max(s.weight for s in self.desk.sources)
+        window = max(1, round(self.window * source.weight / heaviest))
+        outstanding = source.issued - consumed.get(source.name, 0) - self.dropped_by_task.get(source.name, 0)
+        return window - outstanding
 
     # -- issuing --------------------------------------------------------------------------
-    def lease(self, runner_id: str, max_groups: int, consumed: int, urls: dict) -> list[dict]:
-        """Retries first (they complete groups already in the pipeline), then new groups."""
-        out = []
+    def lease(self, runner_id: str, max_groups: int, consumed: dict[str, int], urls: dict,
+              per_task: int = 0, busy: dict | None = None) -> list[dict]:
+        """Retries first (they complete groups already in the pipeline), then new groups.
+        ``per_task``: the runner isolates tasks and takes at most that many groups of each."""
+        out, busy = [], dict(busy or {})
+        fits = lambda task: not per_task or busy.get(task, 0) < per_task  # noqa: E731
+        kept = deque()
         while self.retry and len(out) < max_groups:
             group_id, members = self.retry.popleft()
-            if group_id in self.groups:
-                out.append(self._lease(self.groups[group_id], members, runner_id, urls))
-        for _ in range(min(max_groups - len(out), self.room(consumed))):
-            source = self._next_source()
+            group = self.groups.get(group_id)
+            if group is None:
+                continue
+            if not fits(group["source"]):
+                kept.append((group_id, members))
+                continue
+            busy[group["source"]] = busy.get(group["source"], 0) + 1
+            out.append(self._lease(group, members, runner_id, urls))
+        self.retry.extendleft(reversed(kept))
+        while len(out) < max_groups:
+            source = self._next_source(consumed, fits)
             if source is None:
                 break
+            busy[source.name] = busy.get(source.name, 0) + 1
             source.issued += 1
             self.issued += 1
             group_id = f"g{self.registry.epoch}_{self.issued}"
@@ -75,10 +93,11 @@ class LeaseDesk:
             out.append(self._lease(group, list(range(self.group_size)), runner_id, urls))
         return out
 
-    def _next_source(self):
-        """The active task furthest behind its weight's share of the groups issued (a
-        deficit round robin: over any stretch, shares follow the weights within one group)."""
-        active = [s for s in self.desk.sources if s.state == "active"]
+    def _next_source(self, consumed: dict[str, int], fits=lambda task: True):
+        """The active task with room furthest behind its weight's share of the groups issued
+        (a deficit round robin: over any stretch, shares follow the weights within one group)."""
+        active = [s for s in self.desk.sources
+                  if s.state == "active" and self.room(s, consumed) > 0 and fits(s.name)]
         if not active:
             return None
         total_w = sum(s.weight for s in active)
@@ -143,6 +162,7 @@ class LeaseDesk:
                 del self.leases[lease_id]
                 self.counts["in_flight"] -= len(lease["members"])
         self.dropped += 1
+        self.dropped_by_task[group["source"]] = self.dropped_by_task.get(group["source"], 0) + 1
         self.counts["groups_dropped"] += 1
         self.drop_causes[key] = self.drop_causes.get(key, 0) + 1
         log.warning("group %s dropped whole: %s", group["group_id"], cause)

@@ -101,11 +101,21 @@ class AgentRunner(ManagedActor):
     def _ask_for_work(self) -> None:
         if self.registry is None or self.waiting_for_leases or time.monotonic() < self.retry_at:
             return
-        free = self._free()
-        if free <= 0:
-            return
+        if self.isolation == "process":
+            # Each task has its own worker and its own capacity here: a task whose episodes
+            # stall (a crash loop, a slow environment) cannot occupy the others' room.
+            per_task = max(1, self.concurrency // max(1, self.group_size))
+            busy: dict[str, int] = {}
+            for lease, _ in self.groups.values():
+                busy[lease["task_name"]] = busy.get(lease["task_name"], 0) + 1
+            msg = m.LeaseRequest(self.runner_id, per_task * 8, dict(self.current), per_task, busy)
+        else:
+            free = self._free()
+            if free <= 0:
+                return
+            msg = m.LeaseRequest(self.runner_id, max(1, free), dict(self.current))
         self.waiting_for_leases = True
-        self.send(self.registry, m.LeaseRequest(self.runner_id, max(1, free), dict(self.current)))
+        self.send(self.registry, msg)
 
     def _install(self, payload) -> str:
         """Load a version and make it current; the error text if it cannot be loaded."""

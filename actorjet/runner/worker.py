@@ -7,13 +7,14 @@ that worker dies: its episodes in flight fail (and are retried by the registry),
 episode of the task starts a fresh worker, and every other task's episodes keep running.
 
 Parent ↔ worker: a multiprocessing pipe carrying (episode id, payload, task, urls, episode)
-one way and (episode id, result) the other.  The worker is started with "spawn": the
-runner is a threaded actor process, and forking one is unsafe.
+one way and (episode id, result) the other.  Workers are forked from a fork server (see
+_context): never from the threaded runner itself.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import psutil
@@ -50,6 +51,21 @@ def _worker_main(conn, threads: int) -> None:
         pool.submit(run, *msg)
 
 
+_CTX = None
+
+
+def _context():
+    """Workers come from a fork server: forking the threaded runner itself is unsafe, and
+    spawning a fresh interpreter per restart costs ~1 s of CPU, which a task in a crash loop
+    would take from every other task.  The server imports the runner code once; each worker
+    is a cheap fork of it."""
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["actorjet.runner.runner", "openai"])
+    return _CTX
+
+
 class TaskWorker:
     def __init__(self, task_name: str, threads: int):
         self.task_name, self.threads = task_name, threads
@@ -58,9 +74,13 @@ class TaskWorker:
         self.futures: dict[str, Future] = {}
         self.lock = threading.Lock()
         self.restarts = 0
+        self.queue: list = []              # requests not yet sent (worker down or backing off)
+        self.deaths: list[float] = []
+        self.not_before = 0.0
+        self.timer_armed = False
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         parent, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True,
                                    name=f"actorjet-task-{self.task_name}")
@@ -70,18 +90,50 @@ class TaskWorker:
         threading.Thread(target=self._read, args=(parent, self.process), daemon=True).start()
 
     def submit(self, payload: dict, task: dict, urls: dict, episode: dict) -> Future:
+        future: Future = Future()
         with self.lock:
-            if self.process is None or not self.process.is_alive():
-                if self.process is not None:
-                    self.restarts += 1
-                self._start()
-            future: Future = Future()
             self.futures[episode["episode_id"]] = future
+            self.queue.append((episode["episode_id"], payload, task, urls, episode))
+            self._pump()
+        return future
+
+    def _pump(self) -> None:
+        """Start the worker if it is down (unless it is backing off) and send what waits.
+        A task that keeps killing its worker is restarted after growing pauses (0.25 s,
+        0.5 s, … up to 10 s): each start costs a Python process, and a crash loop must not
+        eat the CPU the other tasks need.  Its episodes wait meanwhile (their lease runs)."""
+        alive = self.process is not None and self.process.is_alive()
+        if not alive:
+            delay = self.not_before - time.monotonic()
+            if delay > 0:
+                if not self.timer_armed:
+                    self.timer_armed = True
+                    timer = threading.Timer(delay, self._after_backoff)
+                    timer.daemon = True
+                    timer.start()
+                return
+            if self.process is not None:
+                self.restarts += 1
+            self._start()
+        while self.queue:
+            item = self.queue.pop(0)
             try:
-                self.conn.send((episode["episode_id"], payload, task, urls, episode))
+                self.conn.send(item)
             except (OSError, BrokenPipeError):
                 self._fail_all(f"task worker for {self.task_name} is gone")
-        return future
+                return
+
+    def _after_backoff(self) -> None:
+        with self.lock:
+            self.timer_armed = False
+            if self.queue:
+                self._pump()
+
+    def _died(self) -> None:
+        now = time.monotonic()
+        self.deaths = [t for t in self.deaths if now - t < 30] + [now]
+        if len(self.deaths) > 1:
+            self.not_before = now + min(10.0, 0.25 * 2 ** (len(self.deaths) - 2))
 
     def _read(self, conn, process) -> None:
         while True:
@@ -96,9 +148,11 @@ class TaskWorker:
         process.join(1.0)
         with self.lock:
             if self.process is process:
+                self._died()
                 self._fail_all(f"task worker for {self.task_name} died (exit code {process.exitcode})")
 
     def _fail_all(self, error: str) -> None:
+        self.queue = [q for q in self.queue if q[0] not in self.futures]
         for episode_id, future in list(self.futures.items()):
             future.set_result({"episode_id": episode_id, "reward": None, "error": f"worker died: {error}"})
         self.futures.clear()

@@ -208,6 +208,8 @@ class LeaseRequest:
     runner_id: str
     max_groups: int
     behaviors: dict = field(default_factory=dict)   # name → version the runner already has
+    per_task: int = 0            # isolation = process: groups each task may have in flight here
+    busy: dict = field(default_factory=dict)        # task → groups in flight here
 
 
 @dataclass
@@ -264,6 +266,7 @@ class Trained:
     weight_version: int
     groups: int
     done: bool = False
+    tasks: dict = field(default_factory=dict)     # task → groups of it in this step
 
 
 @dataclass
