@@ -80,6 +80,8 @@ class Learner(ManagedActor):
             self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
             self.step = state["step"]
         rewound = self.ledger.rewind(self.model_name, self.step)
+        # Batches the merger sent to a previous incarnation died with it: pending again.
+        rewound += self.ledger.release(self.model_name)
         if checkpoints or published or rewound:
             self.version = max([self.version] + published) + 1
             save_weights(self.model, self.weights_dir / f"v{self.version:06d}.safetensors")
