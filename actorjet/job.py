@@ -28,6 +28,7 @@ MODEL_DEFAULTS = {
     "merge_match": "ids",         # ids | text (for engines that re-tokenize; see context/align.py)
     "merge_ignore_tools": False,  # merge turns whose tool lists differ (an approximation; align.py)
     "threads": 0,   # torch threads per engine/learner process; 0 = auto (see models/threads.py)
+    "groups_per_step": 0,   # this model's batch size in GRPO groups; 0 = [train] groups_per_step
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}

@@ -119,18 +119,25 @@ def step_times(model, packings: dict[str, list[dict]], repeats: int) -> dict[str
     from actorjet.models.grpo import GRPOConfig, grpo_step
 
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    times: dict[str, list[float]] = {mode: [] for mode in packings}
-    for samples in packings.values():
-        grpo_step(model, opt, samples, GRPOConfig(), 0)        # warm-up
+    # Packings that came out identical (e.g. tree = prefix on plain chains) are the same
+    # computation: time them once, so noise cannot rank equal work differently.
+    unique: dict[str, str] = {}
+    key = {mode: sorted(map(repr, samples)) for mode, samples in packings.items()}    # order-free
+    for mode in packings:
+        unique[mode] = next((c for c in unique.values() if key[c] == key[mode]), mode)
+    times: dict[str, list[float]] = {mode: [] for mode in packings if unique[mode] == mode}
+    for mode in times:
+        grpo_step(model, opt, packings[mode], GRPOConfig(), 0)        # warm-up
     rounds = max(repeats, 1)
     for _ in range(rounds):
-        for mode, samples in packings.items():
+        for mode in times:
+            samples = packings[mode]
             t0, n = time.perf_counter(), 0
             while n < 1 or time.perf_counter() - t0 < 0.1:    # small steps: repeat within a round
                 grpo_step(model, opt, samples, GRPOConfig(), 0)
                 n += 1
             times[mode].append((time.perf_counter() - t0) / n)
-    return {mode: statistics.median(t) for mode, t in times.items()}
+    return {mode: statistics.median(times[unique[mode]]) for mode in packings}
 
 
 def main() -> None:

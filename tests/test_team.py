@@ -41,3 +41,28 @@ def test_two_models_train_on_their_own_calls_and_both_rewards_rise(swarm, tmp_pa
         first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
         print(f"{model}: reward {first:.3f} → {last:.3f}")
         assert last > first, (model, rewards)
+
+
+def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swarm, tmp_path):
+    job = (REPO / "agents" / "team.toml").read_text()
+    job = job.replace('name = "verifier"', 'name = "verifier"\ntrainable = false')
+    job = job.replace('name = "proposer"', 'name = "proposer"\ngroups_per_step = 4')
+    (tmp_path / "team.toml").write_text(job)
+    tree = (REPO / "supervisors" / "two_models.toml").read_text()
+    head, _, rest = tree.partition('id = "model.verifier"')
+    verifier, _, runners = rest.partition("[[children]]")
+    verifier = verifier.replace('  [[children.children]]\n  id = "learner"\n  kind = "learner"\n', "")
+    (tmp_path / "tree.toml").write_text(head + 'id = "model.verifier"' + verifier + "[[children]]" + runners)
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(tmp_path / "tree.toml"), slots=2, extra=["--config", str(tmp_path / "team.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["models"] and status()["models"][0]["learner_step"] >= 8, 300, interval_s=1,
+               what="8 steps of the proposer")
+    data = status()
+    assert [m["name"] for m in data["models"]] == ["proposer"]          # one learner
+    assert "gateway" in data["services"]["verifier"]                     # the judge is served
+    models = {m for (m,) in sqlite3.connect(run / "ledger.sqlite").execute("SELECT model FROM groups")}
+    assert models == {"proposer"}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert train and all(r["model"] == "proposer" and r["groups"] == 4 for r in train)

@@ -74,6 +74,7 @@ class Merger(ManagedActor):
         self.started = time.time()
         self.trainable = [m["name"] for m in self.context["job"]["models"] if m.get("trainable", True)]
         self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
+        self.batch_groups = {m["name"]: m.get("groups_per_step", 0) for m in self.context["job"]["models"]}
         self.tree_max_tokens = 4096
         self.tokenizers: dict = {}
         self.services: dict = {}
@@ -157,7 +158,7 @@ class Merger(ManagedActor):
         ``fill`` waits only for tasks that finished a group in the last ``fill_after_s``, and
         fills the share of a stalled one with the oldest groups of the others, so one task
         can never starve the learner."""
-        size = self.groups_per_step
+        size = self.batch_groups.get(model) or self.groups_per_step
         pending = self.ledger.pending_by_task(model)
         if sum(n for n, _ in pending.values()) < size:
             return None

@@ -81,6 +81,7 @@ class AgentRunner(ManagedActor):
         self.isolation = train.get("isolation", "thread")           # thread | process (worker.py)
         self.task_memory_mb = float(train.get("task_memory_mb", 0))
         self.workers: dict[str, TaskWorker] = {}
+        self.hung_by_task: dict[str, list[Future]] = {}
         self.payloads: dict[tuple, dict] = {}
         self.memory_limit_mb = float(train.get("runner_memory_mb", 0))
         self.next_memory_check = 0.0
@@ -224,6 +225,8 @@ class AgentRunner(ManagedActor):
                     results.append(f.result())
                 else:         # a hung episode: reported, and its thread abandoned
                     self.hung.append(f)
+                    if self.isolation == "process":
+                        self.hung_by_task.setdefault(lease["task_name"], []).append(f)
                     results.append({"episode_id": ep["episode_id"], "reward": None,
                                     "error": f"timeout: still running after {lease['timeout_s']:g} s"})
             for r in results:
@@ -242,6 +245,14 @@ class AgentRunner(ManagedActor):
         runner reports its work as failed (so it is retried elsewhere) and crashes on purpose:
         its supervisor starts a clean process, and no other runner is touched."""
         self.hung = [f for f in self.hung if not f.done()]
+        for task, futures in list(self.hung_by_task.items()):
+            # isolation = process: hung episodes hold only their task's worker; restart that
+            futures = self.hung_by_task[task] = [f for f in futures if not f.done()]
+            if len(futures) >= max(1, self.concurrency // 2) and task in self.workers:
+                self.workers[task].kill(f"{len(futures)} hung episodes")
+                self.hung_by_task.pop(task)
+        if self.isolation == "process":
+            self.hung = []
         if self.task_memory_mb and self.workers and time.monotonic() > self.next_memory_check:
             for name, worker in self.workers.items():
                 rss = worker.rss_mb()
