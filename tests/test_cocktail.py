@@ -55,7 +55,7 @@ def test_a_task_that_crashes_its_process_never_aborts_the_other_task(swarm, tmp_
     assert tasks["crashy"]["aborted_by_cause"].get("task worker died", 0) > 0      # it did crash
     assert tasks["healthy"]["aborted_by_cause"] == {}                            # and nothing else did
     assert status()["restarts"] == {} or all("runners" not in k for k in status()["restarts"])
-    assert status()["models"][0]["learner_step"] >= 5                            # fill: never starved
+    assert status()["models"][0]["learner_step"] >= 3                            # fill: never starved
 
 
 def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm, tmp_path):
