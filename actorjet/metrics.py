@@ -38,11 +38,13 @@ def plot(run_dir: str | Path) -> Path | None:
     models = sorted({r["model"] for r in rows if "model" in r})
     for model in models:
         train = [r for r in rows if r.get("kind") == "train" and r["model"] == model]
-        evals = [r for r in rows if r.get("kind") == "eval" and r["model"] == model]
         if train:
             ax.plot([r["step"] for r in train], [r["reward_mean"] for r in train], label=f"{model}: train reward", alpha=0.7)
-        if evals:
-            ax.plot([r["step"] for r in evals], [r["accuracy"] for r in evals], "o-", label=f"{model}: held-out accuracy")
+        evals = [r for r in rows if r.get("kind") == "eval" and r["model"] == model]
+        for task in sorted({r.get("task", "") for r in evals}):     # one line per task with an eval set
+            points = [r for r in evals if r.get("task", "") == task]
+            name = f"{model}: held-out accuracy" + (f" ({task})" if task else "")
+            ax.plot([r["step"] for r in points], [r["accuracy"] for r in points], "o-", label=name)
     ax.set_xlabel("learner step")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)

@@ -39,6 +39,14 @@ def print_status(data: dict, console: Console | None = None) -> None:
                                  for v in b.get("versions", []))
             table.add_row(b["name"], f"v{b['version']}" + (" (canary running)" if b.get("canary") else ""), versions)
         console.print(table)
+    if len(data.get("tasks", {})) > 1:
+        tasks = Table(title="tasks")
+        for col in ("task", "weight", "state", "groups issued", "episodes completed", "aborted"):
+            tasks.add_column(col)
+        for name, t in data["tasks"].items():
+            aborted = ", ".join(f"{k} {v}" for k, v in t.get("aborted_by_cause", {}).items()) or "0"
+            tasks.add_row(name, f"{t['weight']:g}", t["state"], str(t["issued"]), str(t.get("completed", 0)), aborted)
+        console.print(tasks)
     eps = data.get("episodes", {})
     console.print("episodes: " + ", ".join(f"{k} {v}" for k, v in eps.items()))
     causes = data.get("aborted_by_cause", {})
