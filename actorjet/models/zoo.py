@@ -101,15 +101,25 @@ def tiny_arith(seed: int = 0, progress=None, steps: int = 300) -> Path:
         labels[:, :6] = -100                      # no loss on the question "07+45="
         labels[ids == tok.pad_token_id] = -100
         loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if progress is not None:
-            progress(step + 1, steps)
+        _update(opt, loss, progress, step, steps)
+    return _publish(model, tok, out, {"seed": seed, "steps": steps})
+
+
+def _update(opt, loss, progress, step: int, steps: int) -> None:
+    """One warm-up optimizer step, and its progress report."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if progress is not None:
+        progress(step + 1, steps)
+
+
+def _publish(model, tok, out: Path, meta: dict) -> Path:
+    """Save into a temporary folder, then rename: a half-built model is never picked up."""
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "done.json").write_text(json.dumps({"seed": seed, "steps": steps}))
+    (tmp / "done.json").write_text(json.dumps(meta))
     tmp.rename(out)
     return out
 
@@ -136,12 +146,7 @@ def smollm2() -> Path:
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name, dtype=torch.float32)
     model = LlamaForCausalLM(loaded.config)     # a gguf-loaded model refuses save_pretrained
     model.load_state_dict(loaded.state_dict())
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "done.json").write_text(json.dumps({"from": str(gguf)}))
-    tmp.rename(out)
-    return out
+    return _publish(model, tok, out, {"from": str(gguf)})
 
 
 # -- tiny-judge: the verifier of agents/team.py ---------------------------------------------
@@ -189,17 +194,8 @@ def tiny_judge(seed: int = 0, progress=None, steps: int = 250) -> Path:
         last = torch.tensor([len(r) - 1 for r in rows])
         hidden = model.model(input_ids=ids).last_hidden_state[torch.arange(len(rows)), last]   # causal: padding after
         loss = torch.nn.functional.cross_entropy(model.lm_head(hidden), torch.tensor(answers))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if progress is not None:
-            progress(step + 1, steps)
-    tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "done.json").write_text(json.dumps({"seed": seed, "steps": steps}))
-    tmp.rename(out)
-    return out
+        _update(opt, loss, progress, step, steps)
+    return _publish(model, tok, out, {"seed": seed, "steps": steps})
 
 
 def main(argv: list[str]) -> int:
