@@ -62,6 +62,7 @@ class EpisodeDesk:
         self.store = BehaviorStore(context.get("run_dir"))
         self.sources = [TaskSource(t, train.get("seed", 0), self.token, self.store)
                         for t in self.job.get("tasks", [])]
+        self.removed: dict[str, TaskSource] = {}
         self.leases = LeaseDesk(self, train)
         self.upgrades = UpgradeDesk(self)
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
@@ -126,6 +127,7 @@ class EpisodeDesk:
             source.state = "paused" if msg.action == "pause" else "active"
         elif msg.action == "remove":
             self.sources.remove(source)       # its groups in flight still finish and train
+            self.removed[source.name] = source
         else:
             error = f"unknown action {msg.action!r}"
         if not error:
@@ -163,7 +165,8 @@ class EpisodeDesk:
         payloads = {}
         for lease in leases:
             if msg.behaviors.get(lease["behavior"]) != lease["version"]:
-                payloads[lease["behavior"]] = self.source(lease["behavior"]).payload_for(lease["version"], self.store)
+                source = self.source(lease["behavior"]) or self.removed[lease["behavior"]]   # removed: retries finish
+                payloads[lease["behavior"]] = source.payload_for(lease["version"], self.store)
         self.registry.send(sender, m.Leases(leases, payloads))
 
     def _consumed(self) -> dict[str, int]:
