@@ -224,9 +224,10 @@ class AgentRunner(ManagedActor):
                 if f.done():
                     results.append(f.result())
                 else:         # a hung episode: reported, and its thread abandoned
-                    self.hung.append(f)
-                    if self.isolation == "process":
+                    if self.isolation == "process":     # its task's worker holds the thread
                         self.hung_by_task.setdefault(lease["task_name"], []).append(f)
+                    else:
+                        self.hung.append(f)
                     results.append({"episode_id": ep["episode_id"], "reward": None,
                                     "error": f"timeout: still running after {lease['timeout_s']:g} s"})
             for r in results:
@@ -251,8 +252,6 @@ class AgentRunner(ManagedActor):
             if len(futures) >= max(1, self.concurrency // 2) and task in self.workers:
                 self.workers[task].kill(f"{len(futures)} hung episodes")
                 self.hung_by_task.pop(task)
-        if self.isolation == "process":
-            self.hung = []
         if self.task_memory_mb and self.workers and time.monotonic() > self.next_memory_check:
             for name, worker in self.workers.items():
                 rss = worker.rss_mb()
