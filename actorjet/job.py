@@ -113,6 +113,32 @@ def _section(given: dict, defaults: dict, where: str) -> dict:
     return {**copy.deepcopy(defaults), **given}
 
 
+def check_tasks(job: dict) -> None:
+    """Import every task source and behavior and pickle the behavior, as the registry will,
+    so a typo or unshippable code is one line at start instead of a crashing registry."""
+    import importlib
+
+    from actorjet.registry.behaviors import Unshippable, pickle_function
+
+    for task in job["tasks"]:
+        where = f"task {task['name']!r}"
+        try:
+            source = importlib.import_module(task["source"])
+            module_name, _, fn_name = task["behavior"].partition(":")
+            module = importlib.import_module(module_name)
+        except Exception as e:  # noqa: BLE001 - user code may fail to import in any way
+            raise UserError(f"{where}: cannot import its code: {type(e).__name__}: {e}") from None
+        if not callable(getattr(source, "tasks", None)):
+            raise UserError(f"{where}: {task['source']} has no tasks(seed) function")
+        fn = getattr(module, fn_name, None)
+        if not callable(fn):
+            raise UserError(f"{where}: {module_name} has no function {fn_name!r}")
+        try:
+            pickle_function(module, fn)
+        except Unshippable as e:
+            raise UserError(f"{where}: {e}") from None
+
+
 def prepare(job: dict, progress=None) -> dict:
     """Resolve every model to a local directory before the tree starts, so actors never race
     to build the same model.
@@ -121,6 +147,7 @@ def prepare(job: dict, progress=None) -> dict:
     process, because every actor is forked from it and a forked OpenMP pool deadlocks."""
     import subprocess
 
+    check_tasks(job)
     for model in job["models"]:
         cmd = [sys.executable, "-m", "actorjet.models.zoo", model["source"], str(job["train"]["seed"])]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -77,3 +77,27 @@ def test_cli_help_lists_every_verb():
                          text=True, timeout=60)
     for verb in ("quickstart", "start", "join", "leave", "stop", "status"):
         assert verb in out.stdout
+
+
+@pytest.mark.parametrize("module, behavior_code, message", [
+    ("nosuchmodule", None, "task 'bad': cannot import its code: ModuleNotFoundError"),
+    ("lockedagent", "import threading\nLOCAL = threading.local()\n\ndef tasks(seed):\n    while True:\n"
+                    "        yield {}\n\ndef behavior(task, llm):\n    LOCAL.x = 1\n    return 1.0\n",
+     "lockedagent.behavior cannot be shipped to runners: cannot pickle '_thread._local' object"),
+    ("nofunction", "def tasks(seed):\n    yield {}\n", "nofunction has no function 'behavior'"),
+])
+def test_cli_checks_task_code_before_starting(tmp_path, module, behavior_code, message):
+    """Code the registry could not import or pickle is reported before anything starts
+    (it used to crash the registry over and over)."""
+    if behavior_code:
+        (tmp_path / f"{module}.py").write_text(behavior_code)
+    job = tmp_path / "job.toml"
+    job.write_text(f'[[tasks]]\nname = "bad"\nsource = "{module}"\nbehavior = "{module}:behavior"\n')
+    env = dict(__import__("os").environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "start", "--config", str(job),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60,
+                         env=env)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run" / "head.json").exists()

@@ -157,11 +157,15 @@ def test_user_mistakes_get_one_line_errors(swarm, tmp_path):
     good = write_behavior(tmp_path, "A")
     broken = tmp_path / "broken.py"
     broken.write_text("def behavior(task, llm):\n    return (\n")
+    unshippable = tmp_path / "unshippable.py"
+    unshippable.write_text("import threading\nCACHE = threading.local()\n\n"
+                           "def behavior(task, llm):\n    CACHE.x = 1\n    return 1.0\n")
     cases = [(["upgrade", "nosuchtask", f"{good}:behavior"], "no task named 'nosuchtask'"),
              (["upgrade", "arithmetic", str(good)], "expected FILE.py:FUNCTION"),
              (["upgrade", "arithmetic", f"{good}:missing"], "has no function 'missing'"),
              (["upgrade", "arithmetic", f"{broken}:behavior"], "failed to import"),
              (["upgrade", "arithmetic", f"{tmp_path}/nope.py:behavior"], "no such file"),
+             (["upgrade", "arithmetic", f"{unshippable}:behavior"], "cannot be shipped to runners"),
              (["rollback", "arithmetic"], "no earlier version"),
              (["rollback", "arithmetic", "--to", "7"], "has no version 7")]
     for args, message in cases:

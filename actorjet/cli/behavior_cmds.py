@@ -74,7 +74,7 @@ def _raw():
 
 def pickle_behavior(ref: str) -> tuple[bytes, str]:
     """(cloudpickled function, a description of where it came from) or a UserError."""
-    import cloudpickle
+    from actorjet.registry import behaviors
 
     path_text, sep, fn_name = ref.rpartition(":")
     if not sep or not path_text.endswith(".py") or not fn_name:
@@ -99,8 +99,11 @@ def pickle_behavior(ref: str) -> tuple[bytes, str]:
         inspect.signature(fn).bind(None, None)
     except TypeError:
         raise UserError(f"{fn_name}{inspect.signature(fn)} must take (task, llm)") from None
-    cloudpickle.register_pickle_by_value(module)
-    return cloudpickle.dumps(fn), f"{path}:{fn_name} sha256:{digest}"
+    try:
+        blob = behaviors.pickle_function(module, fn)
+    except behaviors.Unshippable as e:
+        raise UserError(str(e)) from None
+    return blob, f"{path}:{fn_name} sha256:{digest}"
 
 
 # -- talking to the head -----------------------------------------------------------------

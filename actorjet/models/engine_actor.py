@@ -1,6 +1,8 @@
 """The engine actor: one inference engine per model, served on an internal HTTP endpoint.
 
-Token ids in, token ids and logprobs out (``POST /generate``).  The gateway is its only
+Token ids in, token ids and logprobs out (``POST /generate``, a list of requests per call:
+the gateway sends every request that arrived in one turn of its event loop together, so
+HTTP and JSON are paid per batch rather than per LLM call).  The gateway is its only
 client; weights arrive as ``LoadWeights`` control messages and are applied between
 batches, so no request is ever dropped by a weight update.
 """
@@ -31,9 +33,14 @@ def make_engine(cfg: dict, seed: int):
 def engine_app(engine) -> web.Application:
     async def generate(request):
         body = await request.json()
-        req = GenRequest(**body)
-        results = await asyncio.wrap_future(engine.submit(req))
-        return web.json_response({"results": [r.__dict__ for r in results]})
+        futures = [asyncio.wrap_future(engine.submit(GenRequest(**r))) for r in body["requests"]]
+        answers = []
+        for outcome in await asyncio.gather(*futures, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                answers.append({"error": f"{type(outcome).__name__}: {outcome}"})
+            else:
+                answers.append({"results": [r.__dict__ for r in outcome]})
+        return web.json_response({"answers": answers})
 
     async def health(request):
         return web.json_response({"ok": True, "weight_version": engine.weight_version})

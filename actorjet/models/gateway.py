@@ -276,7 +276,7 @@ class Gateway:
         if not isinstance(episodes, list):
             raise ApiError(400, "'episodes' must be a list of episode ids", "episodes")
         if body.get("release"):          # the merger committed them to the ledger: forget them
-            self.store.collect(episodes, close=True)
+            self.store.collect(episodes, close=True, read=False)
             return web.json_response({})
         return web.json_response(self.store.collect(episodes, close=bool(body.get("close", True))))
 

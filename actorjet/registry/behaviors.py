@@ -20,6 +20,25 @@ class BehaviorRejected(Exception):
     """A payload that is unsigned, tampered with, or signed with another key."""
 
 
+class Unshippable(Exception):
+    """Behavior code that cannot be cloudpickled (a user mistake, reported in one line)."""
+
+
+def pickle_function(module, fn) -> bytes:
+    """The function with its module pickled by value, so nodes need not have the file.
+
+    Module-level objects the function reaches travel with it; a lock, thread-local, socket
+    or open file cannot, and that is the user's to fix, so say which and how."""
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(fn)
+    except Exception as e:  # noqa: BLE001 - pickling fails with TypeError, PicklingError, ...
+        raise Unshippable(
+            f"{module.__name__}.{getattr(fn, '__name__', fn)} cannot be shipped to runners: {e}. "
+            "Module-level objects it uses travel with it; create locks, thread-locals, "
+            "connections and files inside the function (or lazily in an imported package)") from None
+
+
 def _mac(secret: str, name: str, version: int, blob: bytes) -> str:
     digest = hashlib.sha256(blob).hexdigest()
     return hmac.new(secret.encode(), f"{name}\n{version}\n{digest}".encode(), hashlib.sha256).hexdigest()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 
-import cloudpickle
 
 from actorjet import metrics
 from actorjet.registry import behaviors
@@ -35,8 +34,7 @@ class TaskSource:
         current = store.current(self.name)
         if current is None or store.index(self.name).get("config") != cfg["behavior"]:
             module, fn = load_function(cfg["behavior"])
-            cloudpickle.register_pickle_by_value(module)   # nodes need not have the file
-            current = store.add(self.name, cloudpickle.dumps(fn), cfg["behavior"])
+            current = store.add(self.name, behaviors.pickle_function(module, fn), cfg["behavior"])
             store.set_config(self.name, cfg["behavior"])
             store.activate(self.name, current)
         self.set_version(current, store.blob(self.name, current))
