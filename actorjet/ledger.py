@@ -57,18 +57,27 @@ class Ledger:
     def store(self, group: dict, calls_by_model: dict[str, dict]) -> bool:
         """Commit a finished group (one row per model).  False if it was stored before
         (a duplicate delivery): the caller must not count it again."""
-        if not calls_by_model:
-            raise ValueError(f"group {group['group_id']}: no model to store it for")
-        rewards = {e["episode_id"]: e["reward"] for e in group["episodes"]}
+        return self.store_many([(group, calls_by_model)])[0]
+
+    def store_many(self, items: list[tuple[dict, dict[str, dict]]]) -> list[bool]:
+        """``store`` for several groups in one transaction (one disk sync for all)."""
+        for group, calls_by_model in items:
+            if not calls_by_model:
+                raise ValueError(f"group {group['group_id']}: no model to store it for")
+        stored = []
         with self._tx() as db:
-            if db.execute("SELECT 1 FROM groups WHERE group_id = ?", (group["group_id"],)).fetchone():
-                return False
-            for model, calls in calls_by_model.items():
-                db.execute("INSERT INTO groups (group_id, model, task_name, behavior, version, rewards, calls, "
-                           "stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                           (group["group_id"], model, group.get("task_name"), group.get("behavior"),
-                            group.get("version"), json.dumps(rewards), json.dumps(calls), time.time()))
-        return True
+            for group, calls_by_model in items:
+                if db.execute("SELECT 1 FROM groups WHERE group_id = ?", (group["group_id"],)).fetchone():
+                    stored.append(False)
+                    continue
+                rewards = json.dumps({e["episode_id"]: e["reward"] for e in group["episodes"]})
+                for model, calls in calls_by_model.items():
+                    db.execute("INSERT INTO groups (group_id, model, task_name, behavior, version, rewards, "
+                               "calls, stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                               (group["group_id"], model, group.get("task_name"), group.get("behavior"),
+                                group.get("version"), rewards, json.dumps(calls), time.time()))
+                stored.append(True)
+        return stored
 
     def pending(self, model: str, limit: int, task: str | None = None, skip: tuple = ()) -> list[dict]:
         """The oldest pending groups (of one task if given, leaving out ``skip``)."""

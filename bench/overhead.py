@@ -1,21 +1,32 @@
 """Swarm overhead: one RL step through the swarm vs the same step in one process.
 
-    python bench/overhead.py [--steps 30] [--model tiny-arith]
+    python bench/overhead.py [--steps 30] [--model tiny-arith] [--agents plain,openai]
 
-Swarm:    embedded head + 2 runner processes; the agent (agents/arithmetic.py) calls the
-          gateway with the openai SDK; merger → learner; steady-state seconds per step.
 Baseline: one process, same model, batch (groups × 8), task, learning rate and seed:
           direct batched sampling with the learner's own weights, rewards, GRPO step.
-Target:   swarm step ≤ 1.5x the baseline step.  Writes bench/results/overhead.json.
+Swarm:    embedded head + 2 runner processes, gateway, merger, learner; steady-state
+          seconds per step, run twice with the same task and prompts:
+            plain   the agent calls the gateway with http.client (bench/plain_http_agents.py)
+                    — what the swarm itself adds;
+            openai  the quickstart agent (agents/arithmetic.py) with the openai SDK — adds
+                    the SDK's own CPU per call, which on one shared machine competes with
+                    the engine and learner.
+          CPU seconds per step of every swarm process (engine, gateway, learner, merger,
+          registry, runners) show where the time goes.
+Target:   swarm step ≤ 1.5x the baseline step.  Writes bench/results/overhead[-MODEL].json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -23,34 +34,69 @@ from common import start_head, table, write  # noqa: E402
 
 GROUP_SIZE, LR, SEED = 8, 1e-4, 0
 TASKS = {"tiny-arith": "agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
+PLAIN = {"agents.arithmetic": "plain_http_agents:arithmetic", "digits_task": "plain_http_agents:digits"}
+ACTORS = ["registry", "merger", "model.policy/engine", "model.policy/gateway", "model.policy/learner",
+          "runners/runner-head-0", "runners/runner-head-1"]
 
 
-def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: str) -> float:
+def actor_pids(head) -> dict[str, int]:
+    from actorjet.runtime import messages as msgs
+
+    pids = {}
+    for path in ACTORS:
+        address = head.lookup(path)
+        reply = head.asys.ask(address, msgs.Ping(), 5) if address is not None else None
+        if isinstance(reply, msgs.Pong):
+            pids[path.split("/")[-1].replace("runner-head-", "runner ")] = reply.pid
+    return pids
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[name] = t.user + t.system
+        except psutil.Error:
+            out[name] = float("nan")
+    return out
+
+
+def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: str,
+                    agent: str) -> tuple[float, dict[str, float]]:
+    """(seconds per step, CPU seconds per step of each actor process) in steady state."""
     source = TASKS.get(model, "digits_task")
+    behavior = PLAIN[source] if agent == "plain" else f"{source}:behavior"
     job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6, "device": device,
                        "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
-           "tasks": [{"name": "bench", "source": source, "behavior": f"{source}:behavior"}],
+           "tasks": [{"name": "bench", "source": source, "behavior": behavior}],
            "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
                      "seed": SEED, "runner_concurrency": 64}}
     with tempfile.TemporaryDirectory() as tmp:
         head = start_head(Path(tmp), job, slots=2)
         try:
             metrics = Path(tmp) / "metrics.jsonl"
-            last_progress, seen = time.time(), -1
+            last_progress, seen, pids, cpu0 = time.time(), -1, {}, {}
             while True:
                 rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
                 train = [r for r in rows if r["kind"] == "train"]
+                if len(train) >= warmup and not pids:
+                    pids = actor_pids(head)
+                    cpu0 = cpu_seconds(pids)
                 if len(train) >= steps + warmup:
+                    cpu1 = cpu_seconds(pids)
                     break
                 if len(train) != seen:
                     last_progress, seen = time.time(), len(train)
                 if time.time() - last_progress > 120:
                     raise RuntimeError(f"no learner step for 120 s; see {tmp}/logs")
-                time.sleep(0.5)
+                time.sleep(0.05)
         finally:
             head.stop()
     t = [r["time"] for r in train]
-    return (t[warmup + steps - 1] - t[warmup - 1]) / steps
+    measured = len(train) - warmup
+    cpu = {name: (cpu1[name] - cpu0[name]) / measured for name in pids}
+    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), cpu
 
 
 def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device: str) -> float:
@@ -103,16 +149,47 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--groups", type=int, default=32, help="GRPO groups of 8 per step (default 32)")
     ap.add_argument("--device", default="cpu", help="where engine and learner run: cpu or cuda")
+    ap.add_argument("--agents", default="plain,openai", help="comma-separated: plain (http.client), openai (SDK)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="rounds of (baseline, each swarm), interleaved; medians are reported (default 3)")
     args = ap.parse_args()
-    swarm = swarm_step_time(args.model, args.groups, args.steps, args.warmup, args.device)
-    base = baseline_step_time(args.model, args.groups, args.steps, args.warmup, args.device)
-    ratio = swarm / base
-    table([("one process, direct generate", f"{base:.3f}"), ("swarm (gateway+runners+merger+learner)", f"{swarm:.3f}"),
-           ("ratio", f"{ratio:.2f}x (target <= 1.5x)")], ("setup", "s/step"))
+    agents = [a for a in args.agents.split(",") if a]
+    if not agents or set(agents) - {"plain", "openai"}:
+        ap.error("--agents takes plain and/or openai")
+    if args.repeats < 1 or args.steps < 1 or args.warmup < 1:
+        ap.error("--repeats, --steps and --warmup must be >= 1")
+    # Interleaved rounds: a slow minute on a shared machine hits every setup alike.
+    bases, runs = [], {a: [] for a in agents}
+    for r in range(args.repeats):
+        bases.append(baseline_step_time(args.model, args.groups, args.steps, args.warmup, args.device))
+        for a in agents:
+            runs[a].append(swarm_step_time(args.model, args.groups, args.steps, args.warmup, args.device, a))
+        print(f"round {r + 1}/{args.repeats}: one process {bases[-1]:.3f} s/step, " +
+              ", ".join(f"{a} {runs[a][-1][0]:.3f}" for a in agents), flush=True)
+    base = statistics.median(bases)
+    swarm = {}
+    for a in agents:
+        step = statistics.median(x[0] for x in runs[a])
+        swarm[a] = (step, {name: statistics.median(x[1][name] for x in runs[a]) for name in runs[a][0][1]})
+    rows = [("one process, direct generate", f"{base:.3f}", "")]
+    for agent, (step, _) in swarm.items():
+        label = "http.client" if agent == "plain" else "openai SDK"
+        rows.append((f"swarm, agent on {label}", f"{step:.3f}", f"{step / base:.2f}x (target <= 1.5x)"))
+    table(rows, ("setup", "s/step", "vs one process"))
+    print()
+    names = list(next(iter(swarm.values()))[1])
+    table([(name, *(f"{swarm[a][1].get(name, float('nan')) * 1000:.0f}" for a in agents)) for name in names]
+          + [("total", *(f"{sum(swarm[a][1].values()) * 1000:.0f}" for a in agents))],
+          ("CPU ms per step", *agents))
     name = "overhead" + ("" if args.model == "tiny-arith" else f"-{args.model}") + \
         ("" if args.device == "cpu" else f"-{args.device}")
-    write(name, {"model": args.model, "device": args.device, "cpus": __import__("os").cpu_count(), "groups": args.groups, "group_size": GROUP_SIZE, "steps": args.steps,
-           "baseline_s_per_step": base, "swarm_s_per_step": swarm, "ratio": ratio, "target": "<= 1.5x"})
+    write(name, {"model": args.model, "device": args.device, "cpus": os.cpu_count(), "groups": args.groups,
+                 "group_size": GROUP_SIZE, "steps": args.steps, "baseline_s_per_step": base,
+                 "repeats": args.repeats, "baseline_runs": bases,
+                 "swarm": {a: {"s_per_step": step, "ratio": step / base, "cpu_s_per_step": cpu,
+                               "runs": [x[0] for x in runs[a]]}
+                           for a, (step, cpu) in swarm.items()},
+                 "target": "<= 1.5x"})
 
 
 if __name__ == "__main__":

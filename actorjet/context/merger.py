@@ -28,6 +28,7 @@ from actorjet.runtime.logs import log
 
 
 TICK_S = 0.2     # re-check the ledger: groups released by a learner, tasks that stalled
+STORE_S = 0.02   # finished groups that arrive within this are collected and stored together
 
 
 def collect_calls(gateway_url: str, token: str, episode_ids: list[str], release: bool = False) -> dict:
@@ -79,6 +80,8 @@ class Merger(ManagedActor):
         self.tokenizers: dict = {}
         self.services: dict = {}
         self.batches = 0
+        self.incarnation = f"{int(time.time() * 1000) % 10 ** 8:08d}"   # a restarted merger never reuses a file name
+        self.learners: dict[str, object] = {}   # model → learner address batches were sent to
         self.run_dir = Path(self.context["run_dir"])
         self.out_dir = self.run_dir / "batches"
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +91,7 @@ class Merger(ManagedActor):
         if released:
             log.info("merger: %d stored groups from unfinished batches are pending again", released)
         self.ticking = False
-        self.deferred: list = []
+        self.inbox: list = []          # (GroupDone, sender) waiting to be stored together
         self._announce()
 
     def on_stop(self) -> None:
@@ -105,41 +108,72 @@ class Merger(ManagedActor):
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.services = msg.services
         self.tasks = msg.tasks
-        deferred, self.deferred = self.deferred, []
-        for done, reply_to in deferred:
-            self.receiveMsg_GroupDone(done, reply_to)
+        for model in self.trainable:
+            learner = self.services.get(model, {}).get("learner")
+            address = learner["address"] if learner else None
+            if model in self.learners and address is not None and address != self.learners[model]:
+                # A restarted learner: batches sent to its predecessor (even after it released
+                # them at start) would never be trained.  Re-batch them; a learner's claim
+                # refuses any batch whose groups were trained already, so nothing trains twice.
+                released = self.ledger.release(model)
+                log.info("merger: %s has a new learner; %d groups of unfinished batches re-batched",
+                         model, released)
+            if address is not None:
+                self.learners[model] = address
+        self._store_inbox()
         self._flush_ready()
         if not self.ticking:          # groups released by a learner or a rewind come back here
             self.ticking = True
             self.wakeupAfter(timedelta(seconds=TICK_S))
 
     def receiveMsg_WakeupMessage(self, msg, sender):
+        if msg.payload == "store":
+            self._store_inbox()
+            return
         self._flush_ready()
         self.wakeupAfter(timedelta(seconds=TICK_S))
 
     def receiveMsg_GroupDone(self, msg: m.GroupDone, sender):
-        """Collect → commit to the ledger → release at the gateways → acknowledge.  A crash
-        anywhere before the commit leaves the calls at the gateway and the group unacknowledged,
-        so the registry sends it again to the restarted merger."""
+        if not self.inbox:
+            self.wakeupAfter(timedelta(seconds=STORE_S), payload="store")
+        self.inbox.append((msg.group, sender))
+
+    def _store_inbox(self) -> None:
+        """Collect → commit to the ledger → release at the gateways → acknowledge, for every
+        group that arrived in the last STORE_S together (one HTTP call per gateway and one
+        transaction, not one per group).  A crash anywhere before the commit leaves the calls
+        at the gateways and the groups unacknowledged, so the registry sends them again to
+        the restarted merger."""
         gateways = {model: svc["gateway"]["url"] for model, svc in self.services.items()
                     if "gateway" in svc and model in self.trainable}
-        if set(gateways) != set(self.trainable):
+        if not self.inbox or set(gateways) != set(self.trainable):
             # Just (re)started: the directory has not arrived yet.  Storing now would commit
-            # the group without its calls; keep it until we know every gateway.
-            self.deferred.append((msg, sender))
+            # the groups without their calls; keep them until we know every gateway.
             return
-        group = msg.group
-        ids = [e["episode_id"] for e in group["episodes"]]
+        inbox, self.inbox = self.inbox, []
+        ids = [e["episode_id"] for group, _ in inbox for e in group["episodes"]]
         calls = {model: collect_calls(url, self.context["token"], ids) for model, url in gateways.items()}
-        self.last_stored[group.get("task_name")] = time.time()
-        if self.ledger.store(group, calls):
-            with open(self.groups_log, "a") as f:     # which code produced which episodes, for good
-                f.write(json.dumps({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
-                                   | {"rewards": {e["episode_id"]: e["reward"] for e in group["episodes"]},
-                                      "t": round(time.time(), 3)}) + "\n")
+        items = [(group, {model: {e["episode_id"]: calls[model].get(e["episode_id"], [])
+                                  for e in group["episodes"]} for model in gateways})
+                 for group, _ in inbox]
+        stored = self.ledger.store_many(items)
+        now = time.time()
+        with open(self.groups_log, "a") as f:     # which code produced which episodes, for good
+            for (group, _), new in zip(inbox, stored):
+                self.last_stored[group.get("task_name")] = now
+                if new:
+                    f.write(json.dumps({k: group.get(k) for k in ("group_id", "task_name", "behavior", "version")}
+                                       | {"rewards": {e["episode_id"]: e["reward"] for e in group["episodes"]},
+                                          "t": round(now, 3)}) + "\n")
         for url in gateways.values():
             collect_calls(url, self.context["token"], ids, release=True)
-        self.send(sender, m.GroupStored(group["group_id"]))
+        acks: list[tuple] = []         # (sender, group ids); addresses are not hashable
+        for group, sender in inbox:
+            if not acks or acks[-1][0] != sender:
+                acks.append((sender, []))
+            acks[-1][1].append(group["group_id"])
+        for sender, group_ids in acks:
+            self.send(sender, m.GroupStored(group_ids))
         self._flush_ready()
 
     def _flush_ready(self) -> None:
@@ -222,7 +256,7 @@ class Merger(ManagedActor):
 
     def _flush(self, model: str, groups: list[dict]) -> None:
         self.batches += 1
-        path = self.out_dir / f"{model}-{self.context.get('head_epoch', 0)}-{self.batches:06d}.pt"
+        path = self.out_dir / f"{model}-{self.context.get('head_epoch', 0)}-{self.incarnation}-{self.batches:06d}.pt"
         calls, batch = self._credit(model, groups)
         rewards = batch.pop("rewards")
         batch["by_task"] = {t: {"groups": v["groups"], "episodes": v["episodes"],

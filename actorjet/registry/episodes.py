@@ -177,7 +177,8 @@ class EpisodeDesk:
         self.leases.on_result(msg)
 
     def on_GroupStored(self, msg: m.GroupStored, sender):
-        self.leases.on_stored(msg.group_id)
+        for group_id in msg.group_ids:
+            self.leases.on_stored(group_id)
 
     def on_RunnerDown(self, msg: m.RunnerDown, sender):
         self.leases.lost({msg.runner_id}, "runner died")

@@ -248,8 +248,8 @@ class BatchReady:
 
 @dataclass
 class GroupStored:
-    """Merger → registry: the group is committed to the ledger (safe from any crash now)."""
-    group_id: str
+    """Merger → registry: the groups are committed to the ledger (safe from any crash now)."""
+    group_ids: list
 
 
 @dataclass
