@@ -25,6 +25,7 @@ MODEL_DEFAULTS = {
     "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
     "eval_max_tokens": 8, "default_max_tokens": 256,
     "merge": "auto",   # context tracker: none | prefix | tree | auto (the best the model supports)
+    "attention": "model",         # model (its own kernel) | exact (packing changes no bit; slower)
     "merge_match": "ids",         # ids | text (for engines that re-tokenize; see context/align.py)
     "merge_ignore_tools": False,  # merge turns whose tool lists differ (an approximation; align.py)
     "threads": 0,   # torch threads per engine/learner process; 0 = auto (see models/threads.py)
@@ -78,6 +79,8 @@ def normalize(data: dict, where: str = "job") -> dict:
     for m in job["models"]:
         if m["merge"] not in ("auto", "none", "prefix", "tree"):
             raise UserError(f"{where}: model {m['name']!r}: merge must be auto, none, prefix or tree")
+        if m["attention"] not in ("model", "exact"):
+            raise UserError(f"{where}: model {m['name']!r}: attention must be model or exact")
         if m["merge_match"] not in ("ids", "text"):
             raise UserError(f"{where}: model {m['name']!r}: merge_match must be ids or text")
         if m["engine"] not in ("transformers", "vllm"):

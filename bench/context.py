@@ -149,13 +149,19 @@ def main() -> None:
     ap.add_argument("--models", default="tiny-arith,smollm2-135m")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (median)")
     ap.add_argument("--out", default="context", help="results file name under bench/results/")
+    ap.add_argument("--attention", default="model", choices=("model", "exact"),
+                    help="the model's own attention kernel, or the learner's exact one (attention = \"exact\")")
     args = ap.parse_args()
+    load = {}
+    if args.attention == "exact":
+        from actorjet.models import exact_attention
+        load["attn_implementation"] = exact_attention.register()
     torch.set_num_threads(2)
     results, rows = {}, []
     for source in args.models.split(","):
         path = Path(prepare(normalize({"models": [{"name": "m", "source": source}]}))["models"][0]["path"])
         vocab = AutoConfig.from_pretrained(path).vocab_size
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **load)
         s, rng, n = SCALE.get(source, 4), random.Random(0), EPISODES.get(source, 2)
         workloads = {"multi-turn 3": batch(lambda r: multi_turn(3, s, vocab, r), n, rng),
                      "multi-turn 10": batch(lambda r: multi_turn(10, s, vocab, r), n, rng),
@@ -190,7 +196,7 @@ def main() -> None:
             print("  ".join(str(c) for c in rows[-1]), flush=True)
     table(rows, ("model", "workload", "calls", "tokens none", "prefix", "tree", "lower bound",
                  "step ms none", "speedup prefix", "speedup tree"))
-    write(args.out, {"results": results, "targets": {"speedup_3_turns": ">= 1.5x", "speedup_20_turns": ">= 5x",
+    write(args.out, {"attention": args.attention, "results": results, "targets": {"speedup_3_turns": ">= 1.5x", "speedup_20_turns": ">= 5x",
                                                       "tree_vs_prefix": "tree >= prefix everywhere",
                                                       "tree_vs_lower_bound": "within 5%"}})
 

@@ -84,3 +84,9 @@ def test_job_config_checks_the_match_mode():
     assert normalize({"models": [{"merge_match": "text", "merge_ignore_tools": True}]})["models"][0]["merge_match"] == "text"
     with pytest.raises(UserError, match="merge_match must be ids or text"):
         normalize({"models": [{"merge_match": "chars"}]})
+
+
+def test_job_config_checks_the_attention_kernel():
+    assert normalize({"models": [{"attention": "exact"}]})["models"][0]["attention"] == "exact"
+    with pytest.raises(UserError, match="attention must be model or exact"):
+        normalize({"models": [{"attention": "flash"}]})

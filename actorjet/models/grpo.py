@@ -24,9 +24,16 @@ class GRPOConfig:
     micro_batch_tokens: int = 16384
 
 
+# CPU BLAS (MKL, one thread) multiplies matrices of fewer than 16 rows with kernels whose
+# rounding differs (~1e-5 on logprobs) from the one used for larger ones.  Padding every
+# forward pass and the LM head input to at least MIN_ROWS rows keeps a token's logprob
+# independent of how many tokens travel with it (one short call alone vs packed in a tree).
+MIN_ROWS = 16
+
+
 def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.Tensor]:
     """Pad packed samples into tensors; a tree attention mask only when some sample needs one."""
-    width = max(len(s["input_ids"]) for s in samples)
+    width = max(MIN_ROWS, *(len(s["input_ids"]) for s in samples))
     B = len(samples)
     ids = torch.full((B, width), pad_id, dtype=torch.long)
     pos = torch.zeros((B, width), dtype=torch.long)
@@ -74,7 +81,11 @@ def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         # vocabulary (49k for SmolLM2's tokenizer) the full logits tensor is most of the step.
         hidden = model.model(input_ids=batch["input_ids"], attention_mask=mask,
                              position_ids=batch["position_ids"]).last_hidden_state
-        rows = head(hidden[batch["term_b"], batch["term_pred"]])
+        picked = hidden[batch["term_b"], batch["term_pred"]]
+        n = picked.shape[0]
+        if n < MIN_ROWS:
+            picked = torch.cat([picked, picked.new_zeros(MIN_ROWS - n, picked.shape[-1])])
+        rows = head(picked)[:n]
     else:
         logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
         rows = logits[batch["term_b"], batch["term_pred"]]

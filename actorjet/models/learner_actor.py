@@ -18,7 +18,7 @@ from actorjet import metrics
 from actorjet.job import model_config
 from actorjet.ledger import Ledger
 from actorjet.models.evaluate import eval_spec, greedy_accuracy
-from actorjet.models import threads
+from actorjet.models import exact_attention, threads
 from actorjet.models.grpo import GRPOConfig, grpo_step
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -43,7 +43,7 @@ class Learner(ManagedActor):
         self.run_dir = Path(self.context["run_dir"])
         torch.manual_seed(self.train_cfg["seed"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
-        self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
         self.model.to(self.cfg["device"])
         threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -51,7 +51,7 @@ class Learner(ManagedActor):
         self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
         self.ref_model = None
         if self.cfg["kl"] > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], dtype=torch.float32).eval()
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs()).eval()
         self.step = self.version = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +62,14 @@ class Learner(ManagedActor):
         self.evals = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
+
+    def _load_kwargs(self) -> dict:
+        """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
+        attention kernel (models/exact_attention.py)."""
+        kwargs = {"dtype": torch.float32}
+        if self.cfg.get("attention") == "exact":
+            kwargs["attn_implementation"] = exact_attention.register()
+        return kwargs
 
     def _resume(self) -> None:
         """After a crash (learner or head): continue from the last checkpoint.  Groups trained
@@ -75,7 +83,7 @@ class Learner(ManagedActor):
 
             folder = checkpoints[-1].parent
             state = json.loads(checkpoints[-1].read_text())
-            self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.cfg["device"])
+            self.model = AutoModelForCausalLM.from_pretrained(folder, **self._load_kwargs()).to(self.cfg["device"])
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
             self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
             self.step = state["step"]
