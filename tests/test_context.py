@@ -179,3 +179,37 @@ def test_drift_repair_splices_the_sampled_ids_back_then_prefix_merging_succeeds(
     assert second["prompt_ids"] == [4, 5, eq, four, two, eos, plus, one, eq]
     merged = pack(calls, "prefix")
     assert len(merged) == 1 and len(merged[0].terms) == 4    # both calls' sampled tokens, once each
+
+
+def test_real_multi_turn_episodes_through_the_gateway_merge_exactly(model):
+    """agents/multiturn.py (openai SDK, 3 turns) against the real gateway and engine: the
+    recorded calls merge (drift repaired where the template re-encodes an answer) into fewer
+    sequences whose logprobs equal each call's own, and every sampled token is trained once."""
+    from actorjet.models import keys
+    from actorjet.models.engine import TransformersEngine
+    from actorjet.models.gateway import Gateway, local_backend
+    from actorjet.models.serve import AppServer
+    from actorjet.runner.llm import LLM
+    from agents import multiturn
+
+    engine = TransformersEngine(zoo.tiny_arith(0), seed=0)
+    gw = Gateway("m", engine.tokenizer, local_backend(engine), "test", engine.max_len)
+    server = AppServer(gw.app())
+    try:
+        for e in range(4):
+            multiturn.behavior(next(multiturn.tasks(e)), LLM({"m": server.url + "/v1"}, keys.mint("test", f"r{e}")))
+        recorded = gw.store.collect([f"r{e}" for e in range(4)])
+    finally:
+        server.stop()
+        engine.close()
+    calls = [(c, random.Random(i).uniform(-1, 1)) for i, c in enumerate(x for v in recorded.values() for x in v)]
+    assert len(calls) == 12
+    repair_drift(calls, lambda ids: engine.tokenizer.decode(ids, skip_special_tokens=True))
+    want = sorted(reference_terms(model, calls).values())
+    for mode in ("prefix", "tree"):
+        packed = packed_for(calls, mode)
+        assert len(packed) < len(calls)                        # turns were merged
+        with torch.no_grad():
+            got = sorted(float(x) for p in packed for x in term_logprobs(model, collate([p], 0)))
+        assert len(got) == sum(len(c["completion_ids"]) for c, _ in calls)
+        assert max(abs(a - b) for a, b in zip(got, want)) <= TOLERANCE, mode
