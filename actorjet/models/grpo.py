@@ -26,15 +26,16 @@ class GRPOConfig:
 
 # CPU BLAS (MKL, one thread) multiplies matrices of fewer than 16 rows with kernels whose
 # rounding differs (~1e-5 on logprobs) from the one used for larger ones.  Padding every
-# forward pass and the LM head input to at least MIN_ROWS rows keeps a token's logprob
-# independent of how many tokens travel with it (one short call alone vs packed in a tree).
+# forward pass (batch x width, the rows of each linear layer) and the LM head input to at
+# least MIN_ROWS rows keeps a token's logprob independent of how many tokens travel with it
+# (one short call alone vs packed in a tree); a batch of many sequences is never padded.
 MIN_ROWS = 16
 
 
 def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.Tensor]:
     """Pad packed samples into tensors; a tree attention mask only when some sample needs one."""
-    width = max(MIN_ROWS, *(len(s["input_ids"]) for s in samples))
     B = len(samples)
+    width = max(-(-MIN_ROWS // B), *(len(s["input_ids"]) for s in samples))
     ids = torch.full((B, width), pad_id, dtype=torch.long)
     pos = torch.zeros((B, width), dtype=torch.long)
     for b, s in enumerate(samples):
