@@ -163,3 +163,50 @@ def test_tools_are_accepted_and_recorded(served):
     with pytest.raises(openai.BadRequestError):
         client(server, "ep10").chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "1+1="}], tools=[{"type": "function"}])
+
+
+def test_engine_client_sends_concurrent_requests_together_and_never_leaves_one_waiting():
+    """The gateway's engine client: requests of one event-loop turn travel in one POST, each
+    gets its own answer; an engine that drops the connection fails them all with a retryable
+    EngineUnavailable instead of leaving them waiting."""
+    import asyncio
+
+    from aiohttp import web
+
+    from actorjet.models.engine import GenRequest
+    from actorjet.models.engine_actor import engine_app
+    from actorjet.models.gateway import EngineUnavailable
+    from actorjet.models.gateway_actor import HttpEngineBackend
+
+    engine = TransformersEngine(zoo.tiny_arith(0), seed=0)
+    app = engine_app(engine)
+    posts = []
+    app.middlewares.append(web.middleware(lambda request, handler: posts.append(1) or handler(request)))
+    server = AppServer(app)
+
+    async def drop(reader, writer):
+        await reader.read(100)
+        writer.close()
+
+    async def scenario():
+        backend = HttpEngineBackend()
+        backend.url = server.url
+        prompts = [[5 + k % 10, 6, 7] for k in range(12)]
+        answers = await asyncio.gather(*(backend(GenRequest(p, 3, 0.0)) for p in prompts))
+        dropper = await asyncio.start_server(drop, "127.0.0.1", 0)
+        backend.url = f"http://127.0.0.1:{dropper.sockets[0].getsockname()[1]}"
+        failures = await asyncio.wait_for(asyncio.gather(*(backend(GenRequest(p, 3, 0.0)) for p in prompts[:3]),
+                                                         return_exceptions=True), 30)
+        dropper.close()
+        await backend.session.close()
+        return answers, failures
+
+    try:
+        answers, failures = asyncio.run(scenario())
+    finally:
+        server.stop()
+        engine.close()
+    assert len(posts) == 1                                   # twelve requests, one round trip
+    assert [len(a) for a in answers] == [1] * 12
+    assert answers[0][0].completion_ids == answers[10][0].completion_ids    # same prompt, greedy
+    assert all(isinstance(f, EngineUnavailable) for f in failures), failures

@@ -52,6 +52,8 @@ class HttpEngineBackend:
             answers = await self._post([req.__dict__ for req, _ in batch])
         except EngineUnavailable as e:
             answers = [e] * len(batch)
+        except Exception as e:  # noqa: BLE001 - every waiting request must get an answer
+            answers = [EngineUnavailable(f"{type(e).__name__}: {e}")] * len(batch)
         for (_, future), answer in zip(batch, answers):
             if future.done():
                 continue
