@@ -83,7 +83,8 @@ class Swarm:
         proc = Proc(["start", "--tree", tree, "--port", str(port), "--run-dir", str(run_dir),
                      "--slots", str(slots), "--node-timeout", str(node_timeout)] + (extra or []), self.env)
         self.procs.append(proc)
-        token = proc.wait_for(r"--token (\S+)").group(1)
+        # The first head of a fresh machine builds the zoo models it needs (~1 min on 2 busy cores).
+        token = proc.wait_for(r"--token (\S+)", timeout_s=300).group(1)
         return proc, port, token
 
     def join(self, port: int, token: str, name: str, slots: int = 1, head_host: str = "127.0.0.1",
