@@ -90,7 +90,8 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_pat
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward_mean"] for r in rows if r["kind"] == "train"]
-    assert sum(rewards[-8:]) / 8 > sum(rewards[:8]) / 8, rewards
+    third = len(rewards) // 3     # a batch is 8 groups: compare thirds, not single noisy steps
+    assert sum(rewards[-third:]) / third > sum(rewards[:third]) / third, rewards
     print("faults:", faults, "aborted:", data["aborted_by_cause"], "groups:", g)
 
 
