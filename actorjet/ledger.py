@@ -1,7 +1,7 @@
 """The durable ledger: every finished GRPO group, from the moment it is acknowledged until
 (and after) it is trained.  SQLite in WAL mode, ``RUN_DIR/ledger.sqlite``.
 
-    merger   store()   a finished group's calls and rewards, per model, in one transaction,
+    merger   store_many()  finished groups' calls and rewards, per model, in one transaction,
                        *before* the registry is told the group is safe
              assign()  groups taken into a batch file
     learner  claim()   a batch's groups marked trained at step s, all or nothing
@@ -54,13 +54,9 @@ class Ledger:
         return _Transaction(self.db)
 
     # -- merger ---------------------------------------------------------------------------
-    def store(self, group: dict, calls_by_model: dict[str, dict]) -> bool:
-        """Commit a finished group (one row per model).  False if it was stored before
-        (a duplicate delivery): the caller must not count it again."""
-        return self.store_many([(group, calls_by_model)])[0]
-
     def store_many(self, items: list[tuple[dict, dict[str, dict]]]) -> list[bool]:
-        """``store`` for several groups in one transaction (one disk sync for all)."""
+        """Commit finished groups (one row per model each) in one transaction.  For each, False
+        if it was stored before (a duplicate delivery): the caller must not count it again."""
         for group, calls_by_model in items:
             if not calls_by_model:
                 raise ValueError(f"group {group['group_id']}: no model to store it for")

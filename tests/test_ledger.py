@@ -16,8 +16,8 @@ def group(i, n=2):
 def test_ledger_accounts_for_every_group_through_crashes(tmp_path):
     ledger = Ledger(tmp_path)
     for i in range(5):
-        assert ledger.store(group(i), {"policy": {f"g{i}.0": [{"x": 1}], f"g{i}.1": []}})
-    assert not ledger.store(group(0), {"policy": {}})          # a duplicate delivery is not counted
+        assert ledger.store_many([(group(i), {"policy": {f"g{i}.0": [{"x": 1}], f"g{i}.1": []}})]) == [True]
+    assert ledger.store_many([(group(0), {"policy": {}})]) == [False]    # a duplicate delivery is not counted
     first = ledger.pending("policy", 2)
     assert [g["group_id"] for g in first] == ["g0", "g1"] and first[0]["calls"]["g0.0"] == [{"x": 1}]
     ledger.assign("policy", ["g0", "g1"], "batch-1")
