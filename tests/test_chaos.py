@@ -1,6 +1,6 @@
 """Chaos: a real training run on two joined nodes while runners, a whole node, the merger
 and the learner are killed and the agent's environment raises and hangs.  Training reaches
-its steps, every group is accounted for, nothing is trained twice, and reward still rises."""
+its steps, every group is accounted for, nothing is trained twice, and held-out accuracy still rises."""
 import json
 import os
 import signal
@@ -89,9 +89,11 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_pat
     assert data["episodes"]["requeued"] > 0
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward_mean"] for r in rows if r["kind"] == "train"]
-    third = len(rewards) // 3     # a batch is 8 groups: compare thirds, not single noisy steps
-    assert sum(rewards[-third:]) / third > sum(rewards[:third]) / third, rewards
+    # it still learns: held-out greedy accuracy (512 problems; the learner evaluates at its
+    # start, after its restart, and at the end) rises.  Sampled reward over 40 small steps is
+    # too noisy to show it reliably (a run once gave thirds of 0.28 and 0.26).
+    evals = [r["accuracy"] for r in rows if r["kind"] == "eval"]
+    assert len(evals) >= 2 and evals[-1] > evals[0] + 0.1, evals
     print("faults:", faults, "aborted:", data["aborted_by_cause"], "groups:", g)
 
 
