@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -62,6 +63,15 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def error_lines(run_dir: Path, keep: int = 30) -> str:
+    """The last error lines of the run's logs (the run directory is deleted after a failure)."""
+    lines = []
+    for log in sorted(run_dir.glob("logs/**/*.log")):
+        lines += [f"{log.name}: {line}" for line in log.read_text(errors="replace").splitlines()
+                  if "Error" in line or "error" in line]
+    return "\n".join(lines[-keep:]) or "(none)"
+
+
 def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: str,
                     agent: str) -> tuple[float, dict[str, float]]:
     """(seconds per step, CPU seconds per step of each actor process) in steady state."""
@@ -89,7 +99,7 @@ def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: st
                 if len(train) != seen:
                     last_progress, seen = time.time(), len(train)
                 if time.time() - last_progress > 120:
-                    raise RuntimeError(f"no learner step for 120 s; see {tmp}/logs")
+                    raise RuntimeError(f"no learner step for 120 s; errors logged:\n{error_lines(Path(tmp))}")
                 time.sleep(0.05)
         finally:
             head.stop()
@@ -161,7 +171,11 @@ def main() -> None:
     # Interleaved rounds: a slow minute on a shared machine hits every setup alike.
     bases, runs = [], {a: [] for a in agents}
     for r in range(args.repeats):
-        bases.append(baseline_step_time(args.model, args.groups, args.steps, args.warmup, args.device))
+        # The baseline runs in its own (spawned) process: had this process used CUDA, the
+        # head's actors, forked from it, could not.
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            bases.append(pool.apply(baseline_step_time, (args.model, args.groups, args.steps, args.warmup,
+                                                         args.device)))
         for a in agents:
             runs[a].append(swarm_step_time(args.model, args.groups, args.steps, args.warmup, args.device, a))
         print(f"round {r + 1}/{args.repeats}: one process {bases[-1]:.3f} s/step, " +

@@ -59,5 +59,23 @@ def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU
     samples = [call_sample({"prompt_ids": prompt, "completion_ids": r.completion_ids, "logprobs": r.logprobs,
                             "temperature": 1.0, "weight_version": 0}, float(k % 2) - 0.5)
                for k, r in enumerate(results)]
-    info = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-4), samples, GRPOConfig(), 0)
+    reference = AutoModelForCausalLM.from_pretrained(path).to("cuda").eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    info = grpo_step(model, optimizer, samples, GRPOConfig(kl=0.1), 0, ref_model=reference)
     assert info["tokens"] == sum(len(r.completion_ids) for r in results) and info["grad_norm"] > 0
+    second = grpo_step(model, optimizer, samples, GRPOConfig(kl=0.1), 0, ref_model=reference)
+    assert second["kl"] > 0          # the policy moved away from the reference on the GPU
+
+
+def test_a_head_will_not_fork_cuda_models_from_a_process_that_used_cuda(monkeypatch):
+    """thespian forks actors from the head's process; CUDA does not survive a fork."""
+    from actorjet.errors import UserError
+    from actorjet.runtime.head import refuse_cuda_before_fork
+
+    on_gpu = {"models": [{"name": "policy", "device": "cuda"}]}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    refuse_cuda_before_fork(on_gpu)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(UserError, match="cannot use CUDA"):
+        refuse_cuda_before_fork(on_gpu)
+    refuse_cuda_before_fork({"models": [{"name": "policy", "device": "cpu"}]})    # CPU models may fork

@@ -51,7 +51,8 @@ class Learner(ManagedActor):
         self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
         self.ref_model = None
         if self.cfg["kl"] > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs()).eval()
+            self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
+            self.ref_model.to(self.cfg["device"]).eval()
         self.step = self.version = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
@@ -85,7 +86,7 @@ class Learner(ManagedActor):
             state = json.loads(checkpoints[-1].read_text())
             self.model = AutoModelForCausalLM.from_pretrained(folder, **self._load_kwargs()).to(self.cfg["device"])
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
-            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
             self.step = state["step"]
         rewound = self.ledger.rewind(self.model_name, self.step)
         # Batches the merger sent to a previous incarnation died with it: pending again.

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -26,11 +27,25 @@ ROOT_NAME = "actorjet-root"
 
 
 def gpu_count() -> int:
+    """GPUs here, counted through NVML.  Not ``torch.cuda.is_available()``: that asks the CUDA
+    runtime, and a process that has initialised CUDA cannot fork children that use it —
+    thespian forks every actor from this process's admin."""
     try:
         import torch
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return max(torch.cuda.device_count(), 0)
     except Exception:  # noqa: BLE001 - no torch or no driver: no GPUs
         return 0
+
+
+def refuse_cuda_before_fork(job: dict) -> None:
+    """A head started from a process that already ran CUDA work (a notebook, a benchmark)
+    would fork engines and learners that fail at their first CUDA call: say so up front."""
+    torch = sys.modules.get("torch")
+    on_gpu = [mc["name"] for mc in job.get("models", []) if str(mc.get("device", "cpu")).startswith("cuda")]
+    if on_gpu and torch is not None and torch.cuda.is_initialized():
+        raise UserError(f"this process has already used CUDA, and the head's actors (model {on_gpu[0]!r} "
+                        "on cuda among them) are forked from it: a forked process cannot use CUDA. "
+                        "Start the head before any CUDA work, or in its own process (`actorjet head`).")
 
 
 def read_head_file(run_dir: Path) -> dict:
@@ -62,6 +77,7 @@ class Head:
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
+        refuse_cuda_before_fork(self.job)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = read_head_file(self.run_dir)
         self._clean_stale(state)
