@@ -18,6 +18,7 @@ Target:   swarm step ≤ 1.5x the baseline step.  Writes bench/results/overhead[
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -32,6 +33,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import start_head, table, write  # noqa: E402
+
+from actorjet.runtime import system  # noqa: E402
 
 GROUP_SIZE, LR, SEED = 8, 1e-4, 0
 TASKS = {"tiny-arith": "agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
@@ -61,6 +64,21 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
         except psutil.Error:
             out[name] = float("nan")
     return out
+
+
+CLEAN_ENV = dict(os.environ)
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]):
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def error_lines(run_dir: Path, keep: int = 30) -> str:
@@ -102,7 +120,9 @@ def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: st
                     raise RuntimeError(f"no learner step for 120 s; errors logged:\n{error_lines(Path(tmp))}")
                 time.sleep(0.05)
         finally:
+            procs = system.system_processes(head.port)
             head.stop()
+            psutil.wait_procs(procs, timeout=30)     # the next measurement starts on a quiet machine
     t = [r["time"] for r in train]
     measured = len(train) - warmup
     cpu = {name: (cpu1[name] - cpu0[name]) / measured for name in pids}
@@ -173,7 +193,9 @@ def main() -> None:
     for r in range(args.repeats):
         # The baseline runs in its own (spawned) process: had this process used CUDA, the
         # head's actors, forked from it, could not.
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
+        # It also gets this process's environment as it was before any head changed it
+        # (a head sets OMP_WAIT_POLICY=PASSIVE for its actors; that slows a lone process).
+        with environment(CLEAN_ENV), multiprocessing.get_context("spawn").Pool(1) as pool:
             bases.append(pool.apply(baseline_step_time, (args.model, args.groups, args.steps, args.warmup,
                                                          args.device)))
         for a in agents:
