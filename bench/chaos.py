@@ -180,8 +180,15 @@ def run(swarm: Swarm, tmp: Path, steps: int, rng: random.Random) -> dict:
     chaos.wait_step(at[8])
     runner_s.append(chaos.kill_runner("runner-b-0"))
     wait_until(lambda: chaos.status()["training_finished"], 600, interval_s=0.5, what=f"{steps} steps")
-    wait_until(lambda: chaos.status()["groups"]["groups_unacknowledged"] == 0, 30)
-    data = chaos.status()
+    # Count when quiescent: runners finish the groups they hold after training ends, and a
+    # finished group reaches the ledger ~20 ms after the registry counts it.
+    snapshot = {}
+
+    def quiet() -> bool:
+        snapshot.update(chaos.status())
+        return snapshot["groups"]["leases_open"] == 0 and snapshot["groups"]["groups_unacknowledged"] == 0
+    wait_until(quiet, 60, interval_s=0.5, what="no lease open and every finished group stored")
+    data = snapshot
     acknowledged = chaos.acknowledged + data["groups"]["finished"]
     db = sqlite3.connect(chaos.run / "ledger.sqlite")
     finished, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups").fetchone()
