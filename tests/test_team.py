@@ -15,7 +15,7 @@ STEPS = 40
 TINY_VOCAB = 21          # tiny-arith's character tokenizer
 
 
-def test_two_models_train_on_their_own_calls_and_both_rewards_rise(swarm, tmp_path):
+def test_two_models_train_on_their_own_calls_and_both_learn(swarm, tmp_path):
     job = (REPO / "agents" / "team.toml").read_text().replace("steps = 60", f"steps = {STEPS}")
     (tmp_path / "team.toml").write_text(job)
     run = tmp_path / "run"
@@ -38,9 +38,14 @@ def test_two_models_train_on_their_own_calls_and_both_rewards_rise(swarm, tmp_pa
     for model in ("proposer", "verifier"):
         rewards = [r["reward_mean"] for r in rows if r["kind"] == "train" and r["model"] == model]
         assert len(rewards) == STEPS
-        first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
-        print(f"{model}: reward {first:.3f} → {last:.3f}")
-        assert last > first, (model, rewards)
+        print(f"{model}: reward {sum(rewards[:10]) / 10:.3f} → {sum(rewards[-10:]) / 10:.3f}")
+    # Each learns from its own reward.  The proposer shows it in held-out greedy accuracy, far
+    # less noisy than 10 steps of sampled reward (one run: 0.318 → 0.660); the verifier's greedy
+    # answer barely moves while its sampling sharpens, so its sampled reward is the measure.
+    evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == "proposer"]
+    assert evals[-1] > evals[0] + 0.1, evals
+    verifier = [r["reward_mean"] for r in rows if r["kind"] == "train" and r["model"] == "verifier"]
+    assert sum(verifier[-10:]) > sum(verifier[:10]), verifier
 
 
 def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swarm, tmp_path):
