@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 
-
 from actorjet import metrics
 from actorjet.registry import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
