@@ -24,3 +24,19 @@ def swarm(tmp_path):
 @pytest.fixture
 def trees():
     return TREES
+
+
+@pytest.fixture
+def network():
+    """Separate hosts as network namespaces on a private bridge (tests/hosts.py)."""
+    import hosts
+
+    why = hosts.unavailable()
+    if why is not None:
+        print(f"SKIP multi-host test: {why}")
+        pytest.skip(why)
+    net = hosts.Network()
+    try:
+        yield net
+    finally:
+        net.close()

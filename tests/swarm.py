@@ -6,6 +6,7 @@ systems it left behind (found by their admin port), even when the test fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -76,24 +77,35 @@ class Swarm:
         self.ports: list[int] = []
         self.env = dict(os.environ, ACTORJET_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
 
+    def env_of(self, host=None) -> dict:
+        """A host in its own namespace also gets its own ACTORJET_HOME (hosts share nothing)."""
+        return self.env if host is None else dict(self.env, ACTORJET_HOME=str(self.tmp / f"home-{host.name}"))
+
     def head(self, run_dir: Path, tree: str, port: int | None = None, slots: int = 0,
-             node_timeout: float = 3.0, extra: list[str] | None = None) -> tuple[Proc, int, str]:
+             node_timeout: float = 3.0, extra: list[str] | None = None, host=None) -> tuple[Proc, int, str]:
+        """A head; with ``host`` (tests/hosts.py) it runs in that namespace on its address."""
         port = port or free_port()
         self.ports.append(port)
+        where = ["--host", host.ip] if host is not None else []
         proc = Proc(["start", "--tree", tree, "--port", str(port), "--run-dir", str(run_dir),
-                     "--slots", str(slots), "--node-timeout", str(node_timeout)] + (extra or []), self.env)
+                     "--slots", str(slots), "--node-timeout", str(node_timeout)] + where + (extra or []),
+                    self.env_of(host), prefix=host.prefix if host is not None else None)
         self.procs.append(proc)
         # The first head of a fresh machine builds the zoo models it needs (~1 min on 2 busy cores).
         token = proc.wait_for(r"--token (\S+)", timeout_s=300).group(1)
         return proc, port, token
 
     def join(self, port: int, token: str, name: str, slots: int = 1, head_host: str = "127.0.0.1",
-             node_port: int | None = None, prefix: list[str] | None = None, wait: bool = True) -> tuple[Proc, int]:
+             node_port: int | None = None, prefix: list[str] | None = None, wait: bool = True,
+             host=None, extra: list[str] | None = None) -> tuple[Proc, int]:
+        """A joined node; with ``host`` it runs in that namespace."""
         node_port = node_port or free_port()
         self.ports.append(node_port)
+        if host is not None:
+            prefix = host.prefix
         proc = Proc(["join", f"{head_host}:{port}", "--token", token, "--name", name,
-                     "--slots", str(slots), "--port", str(node_port), "--timeout", "15"],
-                    self.env, prefix=prefix)
+                     "--slots", str(slots), "--port", str(node_port), "--timeout", "15"] + (extra or []),
+                    self.env_of(host), prefix=prefix)
         self.procs.append(proc)
         if wait:
             proc.wait_for(r"^joined ")
@@ -132,13 +144,22 @@ class Swarm:
                 p.kill()
 
     def leftovers(self) -> list[psutil.Process]:
-        """Processes still carrying this swarm's ACTORJET_HOME: only ones this test started."""
+        """Processes whose ACTORJET_HOME lies in this test's directory: only ones it started."""
         mine = []
         for p in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error):
-                if p.pid != os.getpid() and p.environ().get("ACTORJET_HOME") == self.env["ACTORJET_HOME"]:
+                home = p.environ().get("ACTORJET_HOME", "")
+                if p.pid != os.getpid() and home.startswith(str(self.tmp) + os.sep):
                     mine.append(p)
         return mine
+
+    def ctl(self, host, *args) -> dict:
+        """tests/headctl.py on ``host`` (a head's admin answers on its own host only)."""
+        out = subprocess.run(host.prefix + [sys.executable, str(REPO / "tests" / "headctl.py"), *map(str, args)],
+                             capture_output=True, text=True, timeout=60, env=self.env_of(host), cwd=REPO)
+        if out.returncode != 0:
+            raise RuntimeError(f"headctl {args} on {host.name} failed: {out.stderr.strip()[-400:]}")
+        return json.loads(out.stdout)
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):

@@ -42,7 +42,13 @@ def add_start(sub) -> None:
                        "(same join token; members rejoin by themselves).")
     p.add_argument("--config", help="job config (TOML): models, tasks, training settings")
     p.add_argument("--tree", help="supervisor tree (TOML); default: supervisors/default.toml")
-    p.add_argument("--host", default="127.0.0.1", help="address members reach the head at (default %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address of this machine that the head and its HTTP services (gateways, engines) "
+                   "listen on; other machines must be able to reach it (default %(default)s: this machine "
+                   "only). 0.0.0.0 listens everywhere")
+    p.add_argument("--advertise", default=None, metavar="ADDRESS",
+                   help="address other machines reach this head at, when it differs from --host "
+                   "(port forwarding, NAT, --host 0.0.0.0); URLs in `status` and the join command use it")
     p.add_argument("--port", type=int, default=1900, help="convention port (default %(default)s)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="run directory (default %(default)s)")
     p.add_argument("--slots", type=int, default=0, help="runner slots on the head itself (default 0)")
@@ -62,7 +68,8 @@ def cmd_start(args) -> int:
         raise UserError("--node-timeout must be > 0")
     stop = _Stop()
     head = Head(Path(args.run_dir), tree, job, host=args.host, port=args.port, slots=args.slots,
-                node_timeout_s=args.node_timeout, heartbeat_s=min(1.0, args.node_timeout / 4))
+                node_timeout_s=args.node_timeout, heartbeat_s=min(1.0, args.node_timeout / 4),
+                advertise=args.advertise)
     head.start()
     for note in head.notes:
         _say(f"note: {note}")
@@ -99,6 +106,10 @@ def add_join(sub) -> None:
     p.add_argument("--port", type=int, default=None, help="this node's own admin port (default: a free one)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for admission (default %(default)s)")
     p.add_argument("--state-dir", default=None, help="where this node keeps its logs (default ~/.actorjet/nodes/NAME)")
+    p.add_argument("--advertise", default=None, metavar="ADDRESS",
+                   help="address the head reaches this node at, when it is not the address this machine "
+                   "uses towards the head (port forwarding); a node that accepts no inbound "
+                   "connections at all (NAT, laptops) uses --outbound instead")
     p.set_defaults(func=cmd_join)
 
 
@@ -109,7 +120,7 @@ def cmd_join(args) -> int:
 
     name = args.name or socket.gethostname()
     member = Member(args.head, args.token, name, slots=args.slots, port=args.port,
-                    state_dir=args.state_dir, timeout_s=args.timeout)
+                    state_dir=args.state_dir, timeout_s=args.timeout, advertise=args.advertise)
     stop = _Stop()
     member.join()
     _say(f"joined {args.head} as {name} ({member.node_id}) with {args.slots} slots; "

@@ -60,7 +60,7 @@ class Engine(ManagedActor):
         if cfg["engine"] == "transformers":
             from actorjet.models import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
-        self.server = AppServer(engine_app(self.engine))
+        self.server = AppServer(engine_app(self.engine), name=f"engine.{self.model}")
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
 
     def on_context(self) -> None:

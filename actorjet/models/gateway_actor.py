@@ -93,8 +93,9 @@ class Gateway(ManagedActor):
         self.app = GatewayApp(self.model, tokenizer, self.backend, self.context["token"], max_len,
                               default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
                               directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]))
-        host = self.context.get("gateway_host", "127.0.0.1")
-        self.server = AppServer(self.app.app(), host=host, port=cfg["gateway_port"])
+        # bound to this node's address and advertised as reachable from other hosts; a
+        # restarted gateway comes back on the same port (runtime/endpoints.py)
+        self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"])
         self._announce()
         self.send(self.registry, m.Subscribe("directory"))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))

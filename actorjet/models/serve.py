@@ -2,6 +2,10 @@
 
 Actors are driven by thespian's loop, so their HTTP servers (gateway, engine) live in a
 thread beside it; ``stop()`` closes the listening socket so a restart can bind again.
+
+A server with a ``name`` is one of this node's services: it binds to the node's bind
+address, its URL carries the node's advertised address, and it comes back on the port it
+had before a restart (actorjet/runtime/endpoints.py).
 """
 from __future__ import annotations
 
@@ -10,27 +14,40 @@ import threading
 
 from aiohttp import web
 
+from actorjet.runtime import endpoints
+
 
 class AppServer:
-    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0):
-        self.app, self.host, self.port = app, host, port
+    def __init__(self, app: web.Application, name: str = "", host: str | None = None, port: int = 0):
+        self.app, self.name = app, name
+        self.host = host or endpoints.bind_host()
+        self.wanted = port or (endpoints.remembered_port(name) if name else 0)
+        self.port = self.wanted
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="http", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"http-{name or 'server'}", daemon=True)
         self._thread.start()
         self._ready.wait(30)
         if self._error is not None:
             raise self._error
+        if name:
+            if self.wanted and self.port != self.wanted:
+                endpoints.note_port_change(name, self.wanted, self.port)
+            endpoints.remember_port(name, self.port)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
             self.runner = web.AppRunner(self.app, access_log=None)
             self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, self.host, self.port, reuse_address=True)
-            self.loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]
+            try:
+                self.port = self._listen(self.wanted)
+            except OSError as e:
+                remembered_only = self.wanted and self.name and self.wanted == endpoints.remembered_port(self.name)
+                if not (remembered_only and endpoints.is_address_in_use(e)):
+                    raise
+                self.port = self._listen(0)     # the old port is taken: a new URL, logged
         except BaseException as e:  # noqa: BLE001 - reported to the constructor's caller
             self._error = e
             self._ready.set()
@@ -38,9 +55,15 @@ class AppServer:
         self._ready.set()
         self.loop.run_forever()
 
+    def _listen(self, port: int) -> int:
+        site = web.TCPSite(self.runner, self.host, port, reuse_address=True)
+        self.loop.run_until_complete(site.start())
+        return site._server.sockets[0].getsockname()[1]
+
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The URL other hosts use (the node's advertised address, not the bind address)."""
+        return endpoints.url(self.port) if self.name else f"http://{self.host}:{self.port}"
 
     def call(self, coro, timeout: float = 30):
         """Run a coroutine on the server's loop from another thread."""

@@ -67,9 +67,10 @@ def write_head_file(run_dir: Path, data: dict) -> None:
 class Head:
     def __init__(self, run_dir: Path, tree: ChildSpec, job: dict | None = None, host: str = "127.0.0.1",
                  port: int = 1900, slots: int = 0, node_timeout_s: float = 6.0,
-                 heartbeat_s: float = 1.0):
+                 heartbeat_s: float = 1.0, advertise: str | None = None):
         self.run_dir, self.tree, self.job = Path(run_dir), tree, job or {}
         self.host, self.port, self.slots = host, port, slots
+        self.advertise = advertise or (host if host not in ("0.0.0.0", "") else socket.gethostname())
         self.node_timeout_s, self.heartbeat_s = node_timeout_s, heartbeat_s
         self.asys = None
         self.root = None
@@ -83,16 +84,17 @@ class Head:
         self._clean_stale(state)
         self.token = state.get("token") or secrets.token_hex(16)   # never starts with "-" (argparse)
         self.epoch = int(state.get("epoch", 0)) + 1
-        caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.host, self.port),
+        caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.advertise, self.port),
                 "actorjet_role": "head", "node_id": f"head-{uuid.uuid4().hex[:8]}", "name": "head",
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count()}
         os.environ["ACTORJET_TOKEN"] = self.token      # local runners check behaviors with it
-        self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.host)
+        self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.advertise,
+                                              bind_ip=self.host, node_dir=self.run_dir)
         context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir),
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},
                    "node_timeout_s": self.node_timeout_s, "heartbeat_s": self.heartbeat_s,
-                   "job": self.job, "head": f"{self.host}:{self.port}"}
-        write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "host": self.host,
+                   "job": self.job, "head": f"{self.advertise}:{self.port}"}
+        write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "host": self.advertise,
                                        "port": self.port, "head_pid": os.getpid(),
                                        "admin_pid": system.admin_pid(self.port)})
         self.root = self.asys.createActor(Supervisor, globalName=ROOT_NAME)
@@ -115,8 +117,7 @@ class Head:
         self.notes.append(f"stopped a stale actor system left on port {self.port} by head pid {pid}")
 
     def join_command(self) -> str:
-        host = self.host if self.host not in ("0.0.0.0", "") else socket.gethostname()
-        return f"actorjet join {host}:{self.port} --token {self.token}"
+        return f"actorjet join {self.advertise}:{self.port} --token {self.token}"
 
     def poll(self, timeout_s: float):
         """The next message the root sends the head (an ``Escalated``), or None."""

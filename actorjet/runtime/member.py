@@ -27,7 +27,7 @@ def default_state_dir(name: str) -> Path:
 
 class Member:
     def __init__(self, head: str, token: str, name: str, slots: int = 1, port: int | None = None,
-                 state_dir: Path | None = None, timeout_s: float = 20.0):
+                 state_dir: Path | None = None, timeout_s: float = 20.0, advertise: str | None = None):
         host, _, port_text = head.rpartition(":")
         if not host or not port_text.isdigit():
             raise UserError(f"HEAD must look like HOST:PORT, got {head!r}")
@@ -38,20 +38,23 @@ class Member:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir(name)
         self.timeout_s = timeout_s
         self.port = port
+        self.advertise = advertise
         self.asys = None
         self.agent = None
         self.node_id = f"{name}-{uuid.uuid4().hex[:8]}"
 
     def join(self) -> m.Admission:
         system.check_reachable(self.head_host, self.head_port, min(self.timeout_s, 10.0))
-        advertise = system.address_towards(self.head_host, self.head_port)
-        self.port = self.port or system.free_port(advertise)
+        bind = system.address_towards(self.head_host, self.head_port)   # the interface facing the head
+        advertise = self.advertise or bind                                 # --advertise: e.g. port forwarding
+        self.port = self.port or system.free_port(bind)
         caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.head_host, self.head_port),
                 "actorjet_role": "runner", "node_id": self.node_id, "name": self.name,
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
                 "actorjet_auth": node_auth(self.token, self.node_id)}
         os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
-        self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise)
+        self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise, bind_ip=bind,
+                                              node_dir=self.state_dir)
         self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         reply = self.asys.ask(self.agent, m.WaitAdmission(self.timeout_s), self.timeout_s)
         if not isinstance(reply, m.Admission):

@@ -17,7 +17,7 @@ import psutil
 from thespian.actors import ActorSystem, InvalidActorAddress
 
 from actorjet.errors import UserError
-from actorjet.runtime import logs
+from actorjet.runtime import endpoints, logs
 
 BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
@@ -63,9 +63,14 @@ def thespian_log_defs(log_dir: Path) -> dict:
             "root": {"handlers": ["file"], "level": "WARNING"}}
 
 
-def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str) -> ActorSystem:
-    """Start (not attach to) an actor system with these capabilities, logging under log_dir."""
+def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, bind_ip: str | None = None,
+                       node_dir: Path | None = None) -> ActorSystem:
+    """Start (not attach to) an actor system with these capabilities, logging under log_dir.
+
+    ``advertise_ip`` is what other hosts reach this node at (thespian's and the HTTP
+    services' URLs); ``bind_ip`` is where the HTTP services listen (default: the same)."""
     logs.configure(log_dir)
+    endpoints.set_node_addresses(bind_ip or advertise_ip, advertise_ip, node_dir or log_dir.parent)
     os.environ["THESPLOG_FILE"] = str(log_dir / "thespian.log")
     os.environ.setdefault("THESPLOG_THRESHOLD", "WARNING")
     os.environ["THESPIAN_BASE_IPADDR"] = advertise_ip

@@ -1,0 +1,100 @@
+"""Where this node's HTTP services listen, which URL they give other hosts, and which port
+each one had last time.
+
+Hosts share nothing (docs/architecture.md, "Addresses"): a URL that another host receives
+must name an address that host can reach.  The process that starts a node's actor system
+(`actorjet start`, `actorjet join`) decides, once, and puts it in the environment that
+every actor of the node inherits:
+
+    ACTORJET_BIND        the address HTTP services bind to (``--host`` / ``--bind``)
+    ACTORJET_ADVERTISE   the address put in their URLs (``--advertise``; default: the bind
+                         address, or the address that faces the head for a joined node)
+    ACTORJET_NODE_DIR    this node's own directory (ports, and later anything node-local)
+
+A service's port is remembered per node in ``NODE_DIR/ports.json`` under its name (e.g.
+``gateway.policy``), so a restarted gateway comes back on the same URL and runners and
+client-mode users keep working.  If that port is taken meanwhile, the service takes a
+fresh one and says so in the log.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from actorjet.runtime.logs import log
+
+BIND_ENV, ADVERTISE_ENV, NODE_DIR_ENV = "ACTORJET_BIND", "ACTORJET_ADVERTISE", "ACTORJET_NODE_DIR"
+
+
+def set_node_addresses(bind: str, advertise: str, node_dir: Path) -> None:
+    """Called by the starter process before its actor system exists (actors inherit it)."""
+    os.environ[BIND_ENV] = bind
+    os.environ[ADVERTISE_ENV] = advertise
+    os.environ[NODE_DIR_ENV] = str(node_dir)
+
+
+def bind_host() -> str:
+    return os.environ.get(BIND_ENV, "127.0.0.1")
+
+
+def advertise_host() -> str:
+    host = os.environ.get(ADVERTISE_ENV) or bind_host()
+    return socket.gethostname() if host in ("0.0.0.0", "") else host
+
+
+def node_dir() -> Path | None:
+    value = os.environ.get(NODE_DIR_ENV)
+    return Path(value) if value else None
+
+
+def url(port: int) -> str:
+    return f"http://{advertise_host()}:{port}"
+
+
+def remembered_port(name: str) -> int:
+    """The port service ``name`` had on this node before (0: none)."""
+    book = _book_path()
+    try:
+        return int(json.loads(book.read_text()).get(name, 0)) if book else 0
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def remember_port(name: str, port: int) -> None:
+    book = _book_path()
+    if book is None:
+        return
+    book.parent.mkdir(parents=True, exist_ok=True)
+    with open(book.with_suffix(".lock"), "w") as lock:    # engine and gateway start together
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(book.read_text()) if book.exists() else {}
+        except (OSError, ValueError):
+            data = {}
+        data[name] = port
+        tmp = book.with_name(f"ports.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(book)
+
+
+def choose_port(name: str, configured: int = 0) -> int:
+    """The port to try first: the configured one, else the one this service had before."""
+    return configured or remembered_port(name)
+
+
+def is_address_in_use(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno == errno.EADDRINUSE
+
+
+def note_port_change(name: str, wanted: int, got: int) -> None:
+    log.warning("%s: port %d (its port before the restart) is taken; serving on %d instead, "
+                "so its URL changed", name, wanted, got)
+
+
+def _book_path() -> Path | None:
+    base = node_dir()
+    return base / "ports.json" if base else None

@@ -1,0 +1,84 @@
+"""Across hosts for real: the head, model nodes, runner nodes and client-mode users each in
+their own network namespace with their own address (tests/hosts.py).  Nothing here may
+reach another "host" through a shared loopback."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from swarm import REPO, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+lr = 1e-4
+eval_every = {eval_every}
+checkpoint_every = 1000
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+[train]
+group_size = 8
+groups_per_step = 8
+steps = {steps}
+runner_concurrency = 16
+"""
+
+CLIENT = textwrap.dedent("""
+    import sys, actorjet
+    gateway, token, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    swarm = actorjet.connect(gateway, token=token)
+    for i in range(n):
+        with swarm.episode(task={"question": "11+11="}, group=f"client-{i // 2}", group_size=2) as ep:
+            reply = ep.client().chat.completions.create(model=ep.model(), max_tokens=4,
+                                                        messages=[{"role": "user", "content": "11+11="}])
+            assert reply.choices[0].message.content is not None
+            ep.reward = float(i % 2)
+        print("episode done", i, flush=True)
+""")
+
+
+def client_mode(swarm, host, gateway, token, episodes):
+    """A client-mode user script on ``host``; returns its Popen (stdout: one line per episode)."""
+    return subprocess.Popen(host.prefix + [sys.executable, "-c", CLIENT, gateway, token, str(episodes)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=swarm.env_of(host), cwd=REPO)
+
+
+def metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, network, tmp_path):
+    head, worker, laptop = network.host("head"), network.host("worker"), network.host("laptop")
+    (tmp_path / "job.toml").write_text(JOB.format(steps=30, eval_every=30))
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
+                                extra=["--config", str(tmp_path / "job.toml")])
+    swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
+
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    data = wait_until(lambda: (s := status())["models"][0]["learner_step"] >= 3 and s, 120, interval_s=1,
+                      what="3 learner steps fed by the other host's runners")
+    gateway = data["services"]["policy"]["gateway"]
+    assert gateway.startswith(f"http://{head.ip}:"), gateway        # the reachable address
+    worker_id = next(n["node_id"] for n in data["nodes"] if n["name"] == "worker")
+    assert {r["node_id"] for r in data["runners"]} == {worker_id}
+
+    user = client_mode(swarm, laptop, gateway, token, 2)             # client mode from a third host
+    out, _ = user.communicate(timeout=120)
+    assert user.returncode == 0, out
+    assert out.count("episode done") == 2
+
+    wait_until(lambda: status()["training_finished"], 300, interval_s=2, what="30 learner steps")
+    evals = [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]
+    assert len(evals) >= 2 and evals[-1] > evals[0] + 0.05, evals     # held-out accuracy rises
+    print("held-out accuracy", evals)
