@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -82,3 +83,25 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
     evals = [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]
     assert len(evals) >= 2 and evals[-1] > evals[0] + 0.05, evals     # held-out accuracy rises
     print("held-out accuracy", evals)
+
+
+def test_killed_gateway_returns_on_the_same_url_and_a_client_mode_user_finishes(swarm, network, tmp_path):
+    head, laptop = network.host("head"), network.host("laptop")
+    (tmp_path / "job.toml").write_text(JOB.format(steps=100000, eval_every=100000))
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
+                                extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    gateway = wait_until(lambda: status()["services"].get("policy", {}).get("gateway"), 60, what="gateway up")
+    user = client_mode(swarm, laptop, gateway, token, 40)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(user.stdout), daemon=True)
+    reader.start()
+    wait_until(lambda: any("episode done 3" in line for line in lines), 60, what="the user's first episodes")
+    os.kill(swarm.ctl(head, "pid", port, "model.policy/gateway")["pid"], signal.SIGKILL)
+    assert user.wait(180) == 0, "".join(lines)                    # it retried through the restart
+    reader.join(10)
+    assert sum("episode done" in line for line in lines) == 40, "".join(lines)
+    data = status()
+    assert data["restarts"].get("root/model.policy/gateway") == 1
+    assert data["services"]["policy"]["gateway"] == gateway          # the same URL after the restart

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -21,20 +22,31 @@ from actorjet.errors import UserError
 from actorjet.runner.llm import LLM
 
 
-def _post(url: str, key: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
+RETRY_S = 60.0     # a gateway that restarts comes back on the same URL within seconds
+
+
+def _post(url: str, key: str, body: dict, retry_s: float = RETRY_S) -> dict:
+    """POST with retries while the gateway is unreachable or answers a retryable 503 (it
+    restarts on the same URL); any other error is final and names the gateway's reason."""
+    deadline, wait = time.monotonic() + retry_s, 0.2
+    while True:
+        req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
         try:
-            message = json.loads(e.read())["error"]["message"]
-        except Exception:  # noqa: BLE001 - not our JSON: show the status
-            message = e.reason
-        raise UserError(f"{url}: {e.code} {message}") from None
-    except urllib.error.URLError as e:
-        raise UserError(f"cannot reach {url}: {e.reason}") from None
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                message = json.loads(e.read())["error"]["message"]
+            except Exception:  # noqa: BLE001 - not our JSON: show the status
+                message = e.reason
+            if e.code != 503 or time.monotonic() > deadline:
+                raise UserError(f"{url}: {e.code} {message}") from None
+        except (urllib.error.URLError, ConnectionError) as e:
+            if time.monotonic() > deadline:
+                raise UserError(f"cannot reach {url}: {getattr(e, 'reason', e)}") from None
+        time.sleep(wait)
+        wait = min(wait * 2, 2.0)
 
 
 class Episode:
