@@ -111,6 +111,14 @@ class Swarm:
             proc.wait_for(r"^joined ")
         return proc, node_port
 
+    def outbound(self, door: str, token: str, name: str, slots: int = 1, host=None) -> Proc:
+        """An outbound-only node (`join --outbound`), optionally on ``host``."""
+        proc = Proc(["join", "--outbound", door, "--token", token, "--name", name, "--slots", str(slots)],
+                    self.env_of(host), prefix=host.prefix if host is not None else None)
+        self.procs.append(proc)
+        proc.wait_for(r"^joined ")
+        return proc
+
     def kill_system(self, port: int, proc: Proc | None = None) -> list[int]:
         """SIGKILL an actor system (admin + all its actors) and, optionally, its CLI process."""
         pids = [p.pid for p in system.system_processes(port)]

@@ -105,3 +105,36 @@ def test_killed_gateway_returns_on_the_same_url_and_a_client_mode_user_finishes(
     data = status()
     assert data["restarts"].get("root/model.policy/gateway") == 1
     assert data["services"]["policy"]["gateway"] == gateway          # the same URL after the restart
+
+
+def test_a_node_that_only_connects_out_trains_through_the_door(swarm, network, tmp_path):
+    head, laptop = network.host("head"), network.host("laptop")
+    network.outbound_only(laptop)               # new inbound connections to the laptop are dropped
+    (tmp_path / "job.toml").write_text(JOB.format(steps=12, eval_every=1000))
+    run = tmp_path / "run"
+    proc, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
+                                   extra=["--config", str(tmp_path / "job.toml")])
+    door = proc.wait_for(r"actorjet join --outbound (\S+)").group(1)
+    assert door == f"http://{head.ip}:{port + 1}"
+
+    # a thespian member there cannot work (the head cannot connect back), and says what to do
+    member, _ = swarm.join(port, token, "member", head_host=head.ip, host=laptop, wait=False)
+    assert member.wait_exit(60) != 0
+    assert "--outbound" in member.output, member.output
+
+    node = swarm.outbound(door, token, "laptop", slots=2, host=laptop)
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    wait_until(lambda: status()["training_finished"], 240, interval_s=2, what="12 learner steps via the door")
+    data = status()
+    assert data["models"][0]["learner_step"] == 12
+    assert data["runners"] == []                     # no thespian runner anywhere: all episodes came through the door
+    assert data["episodes"]["completed"] >= 12 * 8 * 8
+    assert data["services"][""]["door"] == door
+
+    bad = subprocess.run(laptop.prefix + [sys.executable, "-m", "actorjet.cli.main", "join", "--outbound", door,
+                                          "--token", "wrong", "--name", "x"],
+                         capture_output=True, text=True, timeout=60, env=swarm.env_of(laptop), cwd=REPO)
+    assert bad.returncode != 0 and "refused" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    node.popen.send_signal(signal.SIGTERM)
+    assert node.wait_exit(30) == 0
+    assert "left the swarm after" in node.output

@@ -52,6 +52,9 @@ def add_start(sub) -> None:
     p.add_argument("--port", type=int, default=1900, help="convention port (default %(default)s)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="run directory (default %(default)s)")
     p.add_argument("--slots", type=int, default=0, help="runner slots on the head itself (default 0)")
+    p.add_argument("--door-port", type=int, default=None,
+                   help="HTTP port of the door that outbound-only nodes (join --outbound) lease work from "
+                   "(default: --port + 1)")
     p.add_argument("--node-timeout", type=float, default=6.0,
                    help="seconds without heartbeat before a node counts as lost (default %(default)s)")
     p.set_defaults(func=cmd_start)
@@ -69,13 +72,15 @@ def cmd_start(args) -> int:
     stop = _Stop()
     head = Head(Path(args.run_dir), tree, job, host=args.host, port=args.port, slots=args.slots,
                 node_timeout_s=args.node_timeout, heartbeat_s=min(1.0, args.node_timeout / 4),
-                advertise=args.advertise)
+                advertise=args.advertise, door_port=args.door_port)
     head.start()
     for note in head.notes:
         _say(f"note: {note}")
     _say(f"ActorJet head running (epoch {head.epoch}), run directory: {head.run_dir.resolve()}")
     _say("join other machines with:")
     _say(f"  {head.join_command()} --slots 4")
+    _say("machines that accept no inbound connections (NAT, laptops, firewalls) join with:")
+    _say(f"  {head.outbound_join_command()} --slots 4")
     code = 0
     try:
         while not stop.requested:
@@ -98,8 +103,11 @@ def add_join(sub) -> None:
     p = sub.add_parser("join", help="add this machine to a swarm as a runner node",
                        description="Join the head at HOST:PORT.  The node runs agent runners in "
                        "--slots slots.  Exits non-zero with a clear message if the head cannot be "
-                       "reached or refuses the node (wrong token, name taken).")
-    p.add_argument("head", metavar="HOST:PORT")
+                       "reached or refuses the node (wrong token, name taken).  The head must be "
+                       "able to connect to this machine; one that accepts no inbound connections "
+                       "(NAT, a laptop, a firewall) joins with --outbound and the door URL that "
+                       "`actorjet start` prints.")
+    p.add_argument("head", metavar="HOST:PORT", help="the head's address; with --outbound, its door URL")
     p.add_argument("--token", required=True, help="the token printed by `actorjet start`")
     p.add_argument("--slots", type=int, default=1, help="concurrent runners on this node (default 1)")
     p.add_argument("--name", default=None, help="node name (default: this host's name)")
@@ -110,6 +118,11 @@ def add_join(sub) -> None:
                    help="address the head reaches this node at, when it is not the address this machine "
                    "uses towards the head (port forwarding); a node that accepts no inbound "
                    "connections at all (NAT, laptops) uses --outbound instead")
+    p.add_argument("--outbound", action="store_true",
+                   help="connect out only: lease episodes from the head's door over HTTP (for NAT, laptops, "
+                   "firewalls); no pushed upgrades, canaries or process isolation on such a node")
+    p.add_argument("--concurrency", type=int, default=16,
+                   help="with --outbound: episodes in flight per slot (default %(default)s)")
     p.set_defaults(func=cmd_join)
 
 
@@ -119,6 +132,8 @@ def cmd_join(args) -> int:
     from actorjet.runtime.member import Member
 
     name = args.name or socket.gethostname()
+    if args.outbound:
+        return _join_outbound(args, name)
     member = Member(args.head, args.token, name, slots=args.slots, port=args.port,
                     state_dir=args.state_dir, timeout_s=args.timeout, advertise=args.advertise)
     stop = _Stop()
@@ -134,6 +149,22 @@ def cmd_join(args) -> int:
     finally:
         member.leave()
         _say("left the swarm")
+    return 0
+
+
+def _join_outbound(args, name: str) -> int:
+    from actorjet.runner.outbound import OutboundNode
+
+    node = OutboundNode(args.head, args.token, name, slots=args.slots, concurrency=args.concurrency, say=_say)
+    node.check()
+    _say(f"joined {node.url} as {name} ({node.runner_id}), outbound only, "
+         f"{args.slots} slots x {args.concurrency} episodes")
+    stop = _Stop()
+    try:
+        node.run(lambda: stop.requested)
+    finally:
+        node.close()
+        _say(f"left the swarm after {node.episodes_done} episodes")
     return 0
 
 

@@ -149,22 +149,22 @@ class EpisodeDesk:
         self.runner_addr[msg.runner_id] = sender
         self.runner_versions[msg.runner_id] = dict(msg.behaviors)
         if self.finished:
-            self.registry.send(sender, m.NoWork(2.0, "training finished"))
+            self.registry.send(sender, m.NoWork(2.0, "training finished", msg.tag))
             return
         if not self.sources or not urls or not self.models:
-            self.registry.send(sender, m.NoWork(0.2, "models not ready"))
+            self.registry.send(sender, m.NoWork(0.2, "models not ready", msg.tag))
             return
         leases = self.leases.lease(msg.runner_id, msg.max_groups, self._consumed(), urls,
                                    msg.per_task, dict(msg.busy))
         if not leases:
-            self.registry.send(sender, m.NoWork(0.05, "waiting for the learner (staleness bound)"))
+            self.registry.send(sender, m.NoWork(0.05, "waiting for the learner (staleness bound)", msg.tag))
             return
         payloads = {}
         for lease in leases:
             if msg.behaviors.get(lease["behavior"]) != lease["version"]:
                 source = self.source(lease["behavior"]) or self.removed[lease["behavior"]]   # removed: retries finish
                 payloads[lease["behavior"]] = source.payload_for(lease["version"], self.store)
-        self.registry.send(sender, m.Leases(leases, payloads))
+        self.registry.send(sender, m.Leases(leases, payloads, msg.tag))
 
     def _consumed(self) -> dict[str, int]:
         """Groups trained per task (the slowest model decides)."""

@@ -67,11 +67,12 @@ def write_head_file(run_dir: Path, data: dict) -> None:
 class Head:
     def __init__(self, run_dir: Path, tree: ChildSpec, job: dict | None = None, host: str = "127.0.0.1",
                  port: int = 1900, slots: int = 0, node_timeout_s: float = 6.0,
-                 heartbeat_s: float = 1.0, advertise: str | None = None):
+                 heartbeat_s: float = 1.0, advertise: str | None = None, door_port: int | None = None):
         self.run_dir, self.tree, self.job = Path(run_dir), tree, job or {}
         self.host, self.port, self.slots = host, port, slots
         self.advertise = advertise or (host if host not in ("0.0.0.0", "") else socket.gethostname())
         self.node_timeout_s, self.heartbeat_s = node_timeout_s, heartbeat_s
+        self.door_port = door_port if door_port is not None else port + 1   # outbound nodes' door (HTTP)
         self.asys = None
         self.root = None
         self.notes: list[str] = []
@@ -93,7 +94,7 @@ class Head:
         context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir),
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},
                    "node_timeout_s": self.node_timeout_s, "heartbeat_s": self.heartbeat_s,
-                   "job": self.job, "head": f"{self.advertise}:{self.port}"}
+                   "job": self.job, "head": f"{self.advertise}:{self.port}", "door_port": self.door_port}
         write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "host": self.advertise,
                                        "port": self.port, "head_pid": os.getpid(),
                                        "admin_pid": system.admin_pid(self.port)})
@@ -118,6 +119,10 @@ class Head:
 
     def join_command(self) -> str:
         return f"actorjet join {self.advertise}:{self.port} --token {self.token}"
+
+    def outbound_join_command(self) -> str:
+        """For machines that accept no inbound connections (NAT, firewalls): leases over HTTP."""
+        return f"actorjet join --outbound http://{self.advertise}:{self.door_port} --token {self.token}"
 
     def poll(self, timeout_s: float):
         """The next message the root sends the head (an ``Escalated``), or None."""

@@ -18,6 +18,7 @@ KINDS = {
     "gateway": "actorjet.models.gateway_actor:Gateway",
     "learner": "actorjet.models.learner_actor:Learner",
     "probe": "actorjet.runtime.probe:Probe",
+    "door": "actorjet.runner.door:Door",
 }
 
 

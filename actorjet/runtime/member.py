@@ -61,7 +61,9 @@ class Member:
             self.shutdown()
             raise UserError(f"the head at {self.head_host}:{self.head_port} did not admit this node "
                             f"within {self.timeout_s:g} s (is it an ActorJet head? are the "
-                            "convention timings the same on both sides?)")
+                            "convention timings the same on both sides? the head must be able to connect "
+                            f"back to this machine at {advertise}:{self.port}; behind NAT or a firewall, "
+                            "join with --outbound and the door URL `actorjet start` printed)")
         if not reply.admitted:
             self.shutdown()
             raise UserError(f"the head refused this node: {reply.reason}")

@@ -210,18 +210,21 @@ class LeaseRequest:
     behaviors: dict = field(default_factory=dict)   # name → version the runner already has
     per_task: int = 0            # isolation = process: groups each task may have in flight here
     busy: dict = field(default_factory=dict)        # task → groups in flight here
+    tag: str = ""                # echoed in the answer (the outbound door has many askers)
 
 
 @dataclass
 class Leases:
     leases: list                 # [{lease_id, group_id, task_name, task, urls, behavior, version, episodes, timeout_s}]
     behaviors: dict              # name → signed payload (registry/behaviors.py), only new ones
+    tag: str = ""
 
 
 @dataclass
 class NoWork:
     retry_s: float
     reason: str = ""
+    tag: str = ""
 
 
 @dataclass

@@ -1,0 +1,203 @@
+"""The outbound door: leases and results over HTTP, for nodes that accept no connections.
+
+A joined node is a thespian convention member, and the head's actors open connections *to*
+it; a laptop behind NAT or an edge box behind a firewall can only connect out.  Such a node
+runs `actorjet join --outbound http://HEAD:DOOR_PORT` (actorjet/runner/outbound.py): it asks
+this door for leases and posts results back, and its agents call the gateways' URLs as any
+runner does.  Every call carries the cluster token.
+
+    POST /v1/actorjet/leases   {runner_id, max_groups, behaviors: {name: version}}
+                               → {leases: [...], behaviors: {name: signed payload, blob base64}, retry_s}
+    POST /v1/actorjet/results  {runner_id, lease_id, results: [{episode_id, reward, error}]}
+    POST /v1/actorjet/hello    {runner_id}: checks the URL and the token
+    GET  /healthz
+
+The door is a plain runner as far as the registry knows (a lease request with a runner id);
+a node that vanishes simply lets its leases expire, and the registry re-queues them.
+HTTP handlers hand requests to the actor through a queue drained by a short wakeup loop; the
+registry's answer carries the request's tag back to the waiting handler.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import itertools
+import json
+import math
+import queue
+import time
+from datetime import timedelta
+
+from aiohttp import web
+from thespian.actors import WakeupMessage
+
+from actorjet.models.openai_api import ApiError
+from actorjet.models.serve import AppServer
+from actorjet.runtime import messages as m
+from actorjet.runtime.child import ManagedActor
+
+POLL_S = 0.02
+ASK_TIMEOUT_S = 10.0
+MAX_ID = 200
+
+
+def _check_id(body: dict, key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value or len(value) > MAX_ID:
+        raise ApiError(400, f"'{key}' must be a non-empty string of at most {MAX_ID} characters", key)
+    return value
+
+
+def check_lease_request(body: dict) -> tuple[str, int, dict]:
+    runner_id = _check_id(body, "runner_id")
+    max_groups = body.get("max_groups", 1)
+    if isinstance(max_groups, bool) or not isinstance(max_groups, int) or not 1 <= max_groups <= 256:
+        raise ApiError(400, "'max_groups' must be an integer from 1 to 256", "max_groups")
+    versions = body.get("behaviors", {})
+    if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, int)
+                                                 and not isinstance(v, bool) for k, v in versions.items()):
+        raise ApiError(400, "'behaviors' must map behavior names to integer versions", "behaviors")
+    return f"outbound:{runner_id}", max_groups, versions
+
+
+def check_results(body: dict) -> m.GroupResult:
+    runner_id, lease_id = _check_id(body, "runner_id"), _check_id(body, "lease_id")
+    results = body.get("results")
+    if not isinstance(results, list) or not results:
+        raise ApiError(400, "'results' must be a non-empty list", "results")
+    clean = []
+    for i, r in enumerate(results):
+        if not isinstance(r, dict):
+            raise ApiError(400, f"results[{i}] must be an object", "results")
+        episode_id = _check_id(r, "episode_id")
+        error = r.get("error")
+        if error is not None and not isinstance(error, str):
+            raise ApiError(400, f"results[{i}].error must be a string", "results")
+        reward = r.get("reward")
+        if not (reward is None or _finite(reward) or (isinstance(reward, dict) and reward
+                                                      and all(isinstance(k, str) and _finite(v) for k, v in reward.items()))):
+            raise ApiError(400, f"results[{i}].reward must be a finite number, an object of finite numbers, "
+                           "or null (a failed episode)", "results")
+        clean.append({"episode_id": episode_id, "reward": reward, **({"error": error[:2000]} if error else {})})
+    return m.GroupResult(f"outbound:{runner_id}", lease_id, clean)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def payload_to_json(payload: dict) -> dict:
+    return dict(payload, blob=base64.b64encode(payload["blob"]).decode())
+
+
+class Door(ManagedActor):
+    @staticmethod
+    def actorSystemCapabilityCheck(capabilities, requirements):
+        return capabilities.get("actorjet_role") == "head"
+
+    def on_init(self) -> None:
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future, float]] = {}
+        self.tags = itertools.count()
+        self.seen: dict[str, float] = {}          # outbound runner → last request (status)
+        port = int(self.args.get("port") or self.context.get("door_port") or 0)
+        self.server = AppServer(self._app(), name="door", port=port)
+        self._announce()
+        self.wakeupAfter(timedelta(seconds=POLL_S))
+
+    def _announce(self) -> None:
+        self.send(self.registry, m.ServiceUp("", "door", self.server.url, self.myAddress))
+
+    def on_context(self) -> None:
+        self._announce()
+
+    # -- HTTP side (the server's thread) --------------------------------------------------
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=[self._errors])
+        app.router.add_post("/v1/actorjet/leases", self._leases)
+        app.router.add_post("/v1/actorjet/results", self._results)
+        app.router.add_post("/v1/actorjet/hello", self._hello)
+        app.router.add_get("/healthz", lambda request: web.json_response({"ok": True}))
+        return app
+
+    @web.middleware
+    async def _errors(self, request, handler):
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return web.json_response(e.body(), status=e.status)
+
+    async def _body(self, request) -> dict:
+        auth = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(auth.encode(), f"Bearer {self.context['token']}".encode()):
+            raise ApiError(401, "the door needs the cluster token: 'Authorization: Bearer <token>'",
+                           code="invalid_api_key", kind="authentication_error")
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return body
+
+    async def _leases(self, request):
+        runner_id, max_groups, versions = check_lease_request(await self._body(request))
+        future = asyncio.get_running_loop().create_future()
+        self.inbox.put((m.LeaseRequest(runner_id, max_groups, versions), asyncio.get_running_loop(), future))
+        try:
+            answer = await asyncio.wait_for(future, ASK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return web.json_response({"leases": [], "behaviors": {}, "retry_s": 1.0, "reason": "registry busy"})
+        if isinstance(answer, m.NoWork):
+            return web.json_response({"leases": [], "behaviors": {}, "retry_s": answer.retry_s,
+                                      "reason": answer.reason})
+        return web.json_response({"leases": answer.leases, "retry_s": 0,
+                                  "behaviors": {k: payload_to_json(p) for k, p in answer.behaviors.items()}})
+
+    async def _hello(self, request):
+        """An outbound node checks the URL and its token before it starts."""
+        _check_id(await self._body(request), "runner_id")
+        return web.json_response({"ok": True})
+
+    async def _results(self, request):
+        self.inbox.put((check_results(await self._body(request)), None, None))
+        return web.json_response({"ok": True})
+
+    # -- actor side ------------------------------------------------------------------------
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
+        now = time.monotonic()
+        while True:
+            try:
+                message, loop, future = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(message, m.LeaseRequest):
+                message.tag = str(next(self.tags))
+                self.waiting[message.tag] = (loop, future, now)
+                self.seen[message.runner_id] = time.time()
+            if self.registry is not None:
+                self.send(self.registry, message)
+        for tag, (_, _, at) in list(self.waiting.items()):
+            if now - at > ASK_TIMEOUT_S:
+                del self.waiting[tag]         # the handler answered "registry busy" already
+        self.wakeupAfter(timedelta(seconds=POLL_S))
+
+    def _answer(self, msg) -> None:
+        loop, future, _ = self.waiting.pop(msg.tag, (None, None, None))
+        if loop is not None:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(msg))
+
+    def receiveMsg_Leases(self, msg: m.Leases, sender):
+        self._answer(msg)
+
+    def receiveMsg_NoWork(self, msg: m.NoWork, sender):
+        self._answer(msg)
+
+    def on_stop(self) -> None:
+        if getattr(self, "server", None):
+            self.server.stop()
+
+    def info(self) -> dict:
+        return {"path": self.path, "url": self.server.url if getattr(self, "server", None) else None,
+                "outbound_runners": {k: round(time.time() - t, 1) for k, t in getattr(self, "seen", {}).items()}}

@@ -1,0 +1,166 @@
+"""An outbound-only node: runs episodes for a swarm without accepting any connection.
+
+`actorjet join --outbound http://HEAD:DOOR_PORT --token T` runs this loop instead of a
+thespian member.  Top to bottom, every POLL_S:
+
+1. report every lease whose episodes all finished (or whose time ran out: the hung ones are
+   reported as timeouts and their threads abandoned) to the head's door;
+2. with free room and no back-off pending, ask the door for leases; install any behavior
+   version that came with them (signed payloads, verified with this node's token before
+   they are unpickled); start each lease's episodes in the thread pool.
+
+Episodes are the same `run_episode` the thespian runners use, and their agents call the
+gateways' URLs directly (connections out).  What a thespian node has and this one does
+not: pushed upgrades and canaries (new versions arrive with the next lease), process
+isolation per task, and a place in `status`'s runner table (the door lists it).  A node
+that vanishes lets its leases expire; the registry re-queues them.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+from actorjet.errors import UserError
+from actorjet.registry.behaviors import SECRET_ENV
+from actorjet.runner.runner import load_behavior, run_episode
+
+POLL_S = 0.05
+
+
+class DoorError(Exception):
+    """The door could not be reached or refused a call that retrying may fix."""
+
+
+class OutboundNode:
+    def __init__(self, door: str, token: str, name: str, slots: int = 1, concurrency: int = 16,
+                 say: Callable[[str], None] = print):
+        url = door if door.startswith("http") else f"http://{door}"
+        self.url, self.token, self.name = url.rstrip("/"), token, name
+        if slots < 1 or concurrency < 1:
+            raise UserError("--slots and --concurrency must be >= 1")
+        self.capacity = slots * concurrency
+        self.runner_id = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="episode")
+        self.behaviors: dict[tuple[str, int], object] = {}
+        self.current: dict[str, int] = {}
+        self.groups: dict[str, tuple[dict, list[Future], float]] = {}   # lease id → (lease, futures, give up at)
+        self.hung: list[Future] = []
+        self.retry_at = 0.0
+        self.group_size = 1
+        self.episodes_done = 0
+        self.reachable: bool | None = None
+        self.say = say
+        os.environ[SECRET_ENV] = token          # behaviors are verified with it before unpickling
+
+    # -- HTTP to the door -----------------------------------------------------------------
+    def _post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                answer = json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                reason = json.loads(e.read())["error"]["message"]
+            except Exception:  # noqa: BLE001 - not our JSON
+                reason = e.reason
+            if e.code in (401, 403):
+                raise UserError(f"the head's door refused this node: {reason}") from None
+            raise DoorError(f"{e.code} {reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            self._reachable(False, str(getattr(e, "reason", e)))
+            raise DoorError(str(e)) from None
+        self._reachable(True)
+        return answer
+
+    def _reachable(self, now: bool, why: str = "") -> None:
+        if now != self.reachable:
+            if now and self.reachable is False:
+                self.say(f"head reachable again at {self.url}")
+            elif not now:
+                self.say(f"cannot reach the head's door at {self.url} ({why}); retrying")
+            self.reachable = now
+
+    def check(self) -> None:
+        """Fail fast with one line when the door is not there or the token is wrong."""
+        try:
+            self._post("/v1/actorjet/hello", {"runner_id": self.runner_id})
+        except DoorError as e:
+            raise UserError(f"cannot use the door at {self.url}: {e} (is it the URL `actorjet start` "
+                            "printed for outbound nodes?)") from None
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, stopped: Callable[[], bool]) -> None:
+        while not stopped():
+            try:
+                self.step()
+            except DoorError:
+                self.retry_at = time.monotonic() + 1.0
+            time.sleep(POLL_S)
+
+    def step(self) -> None:
+        self._report_finished()
+        busy = sum(len(f) for _, f, _ in self.groups.values())
+        free_groups = (self.capacity - busy) // max(1, self.group_size)
+        if free_groups > 0 and time.monotonic() >= self.retry_at:
+            self._lease(free_groups)
+
+    def _report_finished(self) -> None:
+        now = time.monotonic()
+        self.hung = [f for f in self.hung if not f.done()]
+        for lease_id, (lease, futures, give_up_at) in list(self.groups.items()):
+            if now < give_up_at and not all(f.done() for f in futures):
+                continue
+            results = []
+            for ep, f in zip(lease["episodes"], futures):
+                if f.done():
+                    r = f.result()
+                    r.pop("traceback", None)
+                    results.append(r)
+                else:
+                    self.hung.append(f)
+                    results.append({"episode_id": ep["episode_id"], "reward": None,
+                                    "error": f"timeout: still running after {lease.get('timeout_s', 120):g} s"})
+            self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease_id,
+                                                "results": results})
+            del self.groups[lease_id]         # only once the head has it: a lost post is retried
+            self.episodes_done += len(results)
+
+    def _lease(self, max_groups: int) -> None:
+        answer = self._post("/v1/actorjet/leases", {"runner_id": self.runner_id, "max_groups": max_groups,
+                                                    "behaviors": dict(self.current)})
+        for payload in answer.get("behaviors", {}).values():
+            payload = dict(payload, blob=base64.b64decode(payload["blob"]))
+            fn, error, _ = load_behavior(payload)
+            if fn is None:
+                self.say(f"behavior {payload.get('name')} v{payload.get('version')}: {error}")
+                continue
+            self.behaviors[(payload["name"], payload["version"])] = fn
+            self.current[payload["name"]] = payload["version"]
+        if not answer.get("leases"):
+            self.retry_at = time.monotonic() + float(answer.get("retry_s") or 0.2)
+            return
+        for lease in answer["leases"]:
+            self.group_size = max(1, len(lease["episodes"]))
+            fn = self.behaviors.get((lease["behavior"], lease["version"]))
+            if fn is None:
+                results = [{"episode_id": ep["episode_id"], "reward": None,
+                            "error": f"behavior {lease['behavior']} v{lease['version']} could not be loaded here"}
+                           for ep in lease["episodes"]]
+                self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease["lease_id"],
+                                                    "results": results})
+                continue
+            futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
+            self.groups[lease["lease_id"]] = (lease, futures, time.monotonic() + float(lease.get("timeout_s", 120)))
+
+    def close(self) -> None:
+        """Stop taking work; episodes in flight are abandoned (their leases expire and are re-queued)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
