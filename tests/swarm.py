@@ -119,6 +119,20 @@ class Swarm:
         proc.wait_for(r"^joined ")
         return proc
 
+    def kill_host(self, host) -> list[int]:
+        """SIGKILL every process running "on" ``host`` (its ACTORJET_HOME): a machine that dies."""
+        home = self.env_of(host)["ACTORJET_HOME"]
+        procs = []
+        for p in psutil.process_iter(["pid"]):
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("ACTORJET_HOME") == home:
+                    procs.append(p)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(procs, timeout=5)
+        return [p.pid for p in procs]
+
     def kill_system(self, port: int, proc: Proc | None = None) -> list[int]:
         """SIGKILL an actor system (admin + all its actors) and, optionally, its CLI process."""
         pids = [p.pid for p in system.system_processes(port)]

@@ -1,6 +1,7 @@
 """Chaos: a real training run on two joined nodes while runners, a whole node, the merger
 and the learner are killed and the agent's environment raises and hangs.  Training reaches
-its steps, every group is accounted for, nothing is trained twice, and held-out accuracy still rises."""
+its steps, every group is accounted for, nothing is trained twice, and held-out accuracy still rises.
+The head and every node run on their own host (a network namespace, tests/hosts.py)."""
 import json
 import os
 import signal
@@ -8,11 +9,9 @@ import sqlite3
 
 import pytest
 
-from actorjet.runtime.head import attach_root
-from actorjet.runtime.head import status as head_status
-from swarm import REPO, pid_of, wait_until
+from swarm import REPO, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 STEPS = 40
 JOB = f"""
@@ -36,16 +35,19 @@ runner_concurrency = 16
 """
 
 
-def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_path):
+def test_training_survives_killed_runners_node_merger_and_learner(swarm, network, tmp_path):
+    """Every node is its own host (network namespace); node a dies with all its processes."""
     swarm.env.update(AJ_FLAKY_RAISE="0.05", AJ_FLAKY_HANG="0.01", AJ_FLAKY_HANG_S="20")
     (tmp_path / "job.toml").write_text(JOB)
     run = tmp_path / "run"
-    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"),
+    head, host_a, host_b, host_c = (network.host(n) for n in ("head", "a", "b", "c"))
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
                                 extra=["--config", str(tmp_path / "job.toml")])
-    node_a, port_a = swarm.join(port, token, "a", slots=2)
-    swarm.join(port, token, "b", slots=2)
-    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    swarm.join(port, token, "a", slots=2, head_host=head.ip, host=host_a)
+    swarm.join(port, token, "b", slots=2, head_host=head.ip, host=host_b)
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
     step = lambda: status()["models"][0]["learner_step"]  # noqa: E731
+    pid_of = lambda path: swarm.ctl(head, "pid", port, path)["pid"]  # noqa: E731
     faults = []
 
     def after(n, what):
@@ -53,16 +55,16 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_pat
         faults.append(what)
 
     after(3, "kill a runner")
-    os.kill(pid_of(port, "runners/runner-b-0"), signal.SIGKILL)
+    os.kill(pid_of("runners/runner-b-0"), signal.SIGKILL)
     after(8, "kill the merger")
-    os.kill(pid_of(port, "merger"), signal.SIGKILL)
+    os.kill(pid_of("merger"), signal.SIGKILL)
     after(13, "kill the learner")
-    os.kill(pid_of(port, "model.policy/learner"), signal.SIGKILL)
+    os.kill(pid_of("model.policy/learner"), signal.SIGKILL)
     after(18, "kill node a")
-    swarm.kill_system(port_a, node_a)
-    swarm.join(port, token, "c", slots=2)                    # a replacement node joins
+    assert swarm.kill_host(host_a)
+    swarm.join(port, token, "c", slots=2, head_host=head.ip, host=host_c)   # a replacement node joins
     after(22, "kill a runner again")
-    os.kill(pid_of(port, "runners/runner-c-1"), signal.SIGKILL)
+    os.kill(pid_of("runners/runner-c-1"), signal.SIGKILL)
 
     wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what=f"{STEPS} learner steps")
     # Quiescent before counting: runners still finish the groups they hold when training ends
@@ -106,7 +108,7 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, tmp_pat
     print("faults:", faults, "aborted:", data["aborted_by_cause"], "groups:", g)
 
 
-def test_environment_and_engine_faults_stay_local(swarm, tmp_path):
+def test_environment_and_engine_faults_stay_local(swarm, network, tmp_path):
     """Behaviors that kill their runner process or leak past the memory limit cost only their
     own runner a restart; an engine crash is restarted and the agents' clients retry."""
     swarm.env.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.004", AJ_FLAKY_LEAK_MB="4")
@@ -114,12 +116,13 @@ def test_environment_and_engine_faults_stay_local(swarm, tmp_path):
                                                                   "runner_concurrency = 8\nrunner_memory_mb = 450.0")
     (tmp_path / "job.toml").write_text(job)
     run = tmp_path / "run"
-    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"),
+    head, host_a = network.host("head"), network.host("a")
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
                                 extra=["--config", str(tmp_path / "job.toml")])
-    swarm.join(port, token, "a", slots=2)
-    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    swarm.join(port, token, "a", slots=2, head_host=head.ip, host=host_a)
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
     wait_until(lambda: status()["models"][0]["learner_step"] >= 4, 120, interval_s=0.3, what="4 steps")
-    os.kill(pid_of(port, "model.policy/engine"), signal.SIGKILL)
+    os.kill(swarm.ctl(head, "pid", port, "model.policy/engine")["pid"], signal.SIGKILL)
     wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what="14 learner steps")
     data = status()
     causes = data["aborted_by_cause"]
