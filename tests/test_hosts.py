@@ -44,6 +44,11 @@ CLIENT = textwrap.dedent("""
             assert reply.choices[0].message.content is not None
             ep.reward = float(i % 2)
         print("episode done", i, flush=True)
+    try:
+        with swarm.episode() as ep:          # an exception aborts the episode
+            raise RuntimeError("agent crashed")
+    except RuntimeError:
+        print("aborted", flush=True)
 """)
 
 
@@ -77,7 +82,8 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
     user = client_mode(swarm, laptop, gateway, token, 2)             # client mode from a third host
     out, _ = user.communicate(timeout=120)
     assert user.returncode == 0, out
-    assert out.count("episode done") == 2
+    assert out.count("episode done") == 2 and "aborted" in out
+    wait_until(lambda: status()["aborted_by_cause"].get("client abort") == 1, 20, what="the abort counted")
 
     wait_until(lambda: status()["training_finished"], 300, interval_s=2, what="30 learner steps")
     evals = [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]

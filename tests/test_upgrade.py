@@ -8,12 +8,9 @@ import time
 
 import pytest
 
-from actorjet.registry.behaviors import sign_upload
-from actorjet.runtime import messages as m
-from actorjet.runtime.head import attach_root, lookup, status
 from swarm import REPO, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 JOB = """
 [[models]]
@@ -49,10 +46,32 @@ def write_behavior(tmp_path, tag, extra="pass"):
     return path
 
 
-def cli(*args, run=None, env=None):
+def cli(*args, run=None, env=None, host=None):
+    """An `actorjet` command, on ``host`` (a network namespace) when given."""
     extra = ["--run-dir", str(run)] if run else []
-    return subprocess.run([sys.executable, "-m", "actorjet.cli.main", *args, *extra],
+    prefix = host.prefix if host is not None else []
+    return subprocess.run(prefix + [sys.executable, "-m", "actorjet.cli.main", *args, *extra],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+
+
+# Run on the head's host: uploads that are tampered with, signed with another key, or raw
+# pickles, sent straight to the registry, are all refused unread.
+TAMPER = """
+import sys
+import actorjet
+from actorjet.registry.behaviors import sign_upload
+from actorjet.runtime import messages as m
+from actorjet.runtime.head import attach_root, lookup
+port, token = int(sys.argv[1]), sys.argv[2]
+asys, root = attach_root(port)
+registry = lookup(asys, root, "registry")
+good = sign_upload(token, "arithmetic", b"\\x80\\x04N.", "test")
+flipped = dict(good, blob=b"\\x80\\x04X.")
+for upload in (flipped, sign_upload("other-key", "arithmetic", b"\\x80\\x04N.", ""), b"\\x80\\x04N."):
+    reply = asys.ask(registry, m.Upgrade(upload), 10)
+    assert isinstance(reply, m.UpgradeReply) and not reply.ok and "refused" in reply.error, reply
+print("all refused")
+"""
 
 
 def groups(run):
@@ -78,47 +97,46 @@ def check_labels(run, tmp_path, tag_of_version):
     return checked
 
 
-def test_upgrade_canary_rollback_and_node_replacement_during_training(swarm, tmp_path):
+def test_upgrade_canary_rollback_and_node_replacement_during_training(swarm, network, tmp_path):
+    """The head and each node on its own host (network namespace): code ships across hosts."""
     job = tmp_path / "job.toml"
     job.write_text(JOB)
     run = tmp_path / "run"
-    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), extra=["--config", str(job)])
-    node_a, _ = swarm.join(port, token, "a", slots=2)
-    steps = lambda: status(*attach_root(port))["models"][0]["learner_step"]  # noqa: E731
+    head, host_a, host_b = network.host("head"), network.host("a"), network.host("b")
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
+                                extra=["--config", str(job)])
+    node_a, _ = swarm.join(port, token, "a", slots=2, head_host=head.ip, host=host_a)
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    steps = lambda: status()["models"][0]["learner_step"]  # noqa: E731
     wait_until(lambda: steps() >= 1, 90, interval_s=0.5, what="first learner step")
 
     # upgrade: v2 reaches both runners, and new groups are labelled v2 and ran v2's code
-    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'A')}:behavior", run=run)
+    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'A')}:behavior", run=run, host=head, env=swarm.env_of(head))
     assert out.returncode == 0, out.stderr
     assert "arithmetic v2 is live on 2 runners" in out.stdout
     wait_until(lambda: any(g["version"] == 2 for g in groups(run)), 30, what="a v2 group")
-    data = status(*attach_root(port))
+    data = status()
     behavior = data["behaviors"][0]
     assert behavior["name"] == "arithmetic" and behavior["version"] == 2 and behavior["runners"] == 2
     assert [(v["version"], v["state"]) for v in behavior["versions"]] == [(1, "retired"), (2, "active")]
 
     # a canary that passes, then one whose episodes raise: refused with the traceback
-    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'B')}:behavior", "--canary", "2", run=run)
+    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'B')}:behavior", "--canary", "2", run=run, host=head, env=swarm.env_of(head))
     assert out.returncode == 0, out.stderr
     assert "arithmetic v3 is live" in out.stdout
     bad = write_behavior(tmp_path, "C", extra="1 / 0")
-    out = cli("upgrade", "arithmetic", f"{bad}:behavior", "--canary", "2", run=run)
+    out = cli("upgrade", "arithmetic", f"{bad}:behavior", "--canary", "2", run=run, host=head, env=swarm.env_of(head))
     assert out.returncode == 2
     assert "ZeroDivisionError" in out.stderr and "v3 keeps running" in out.stderr
-    behavior = status(*attach_root(port))["behaviors"][0]
+    behavior = status()["behaviors"][0]
     assert behavior["version"] == 3 and behavior["versions"][-1]["state"] == "refused"
 
     # payloads that are tampered with, signed with another key, or raw pickles: refused unread
-    asys, root = attach_root(port)
-    registry = lookup(asys, root, "registry")
-    good = sign_upload(token, "arithmetic", b"\x80\x04N.", "test")
-    flipped = dict(good, blob=b"\x80\x04X.")
-    for upload in (flipped, sign_upload("other-key", "arithmetic", b"\x80\x04N.", ""), b"\x80\x04N."):
-        reply = asys.ask(registry, m.Upgrade(upload), 10)
-        assert isinstance(reply, m.UpgradeReply) and not reply.ok and "refused" in reply.error
+    out = head.run([sys.executable, "-c", TAMPER, str(port), token], env=swarm.env_of(head), cwd=REPO, timeout=60)
+    assert out.returncode == 0 and "all refused" in out.stdout, out.stderr
 
     # rollback restores the code of the version before (v2, tag A)
-    out = cli("rollback", "arithmetic", run=run)
+    out = cli("rollback", "arithmetic", run=run, host=head, env=swarm.env_of(head))
     assert out.returncode == 0, out.stderr
     assert "arithmetic v2 is live" in out.stdout
     before = len(groups(run))
@@ -126,24 +144,24 @@ def test_upgrade_canary_rollback_and_node_replacement_during_training(swarm, tmp
 
     # policy abort: episodes in flight on the old code are aborted (counted), not trained
     slow = write_behavior(tmp_path, "S", extra="import time; time.sleep(3)")
-    assert cli("upgrade", "arithmetic", f"{slow}:behavior", run=run).returncode == 0
+    assert cli("upgrade", "arithmetic", f"{slow}:behavior", run=run, host=head, env=swarm.env_of(head)).returncode == 0
     time.sleep(0.5)
-    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'D')}:behavior", "--policy", "abort", run=run)
+    out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'D')}:behavior", "--policy", "abort", run=run, host=head, env=swarm.env_of(head))
     assert out.returncode == 0, out.stderr
-    wait_until(lambda: status(*attach_root(port))["aborted_by_cause"].get("upgrade abort", 0) >= 4, 10,
+    wait_until(lambda: status()["aborted_by_cause"].get("upgrade abort", 0) >= 4, 10,
                what="in-flight v5 episodes aborted")
 
     # replace the whole node: training goes on
     step_before = steps()
-    out = cli("leave", "--name", "a", env=swarm.env)
+    out = cli("leave", "--name", "a", env=swarm.env_of(host_a), host=host_a)
     assert out.returncode == 0, out.stderr
     node_a.wait_exit(30)
-    swarm.join(port, token, "b", slots=2)
+    swarm.join(port, token, "b", slots=2, head_host=head.ip, host=host_b)
     wait_until(lambda: steps() >= step_before + 2, 90, interval_s=0.5, what="learner steps after node swap")
 
     assert check_labels(run, tmp_path, {2: "A", 3: "B", 5: "S", 6: "D"}) > 0
     assert not [g for g in groups(run) if g["version"] == 5], "aborted v5 groups must not be trained"
-    data = status(*attach_root(port))
+    data = status()
     causes = data["aborted_by_cause"]
     assert not any(c.startswith("behavior error") for c in causes), causes    # no swap failed an episode
     assert {"v2", "v3"} <= {tag.split("@")[1] for r in _train_rows(run) for tag in r.get("by_behavior", {})}
