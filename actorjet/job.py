@@ -142,30 +142,59 @@ def check_tasks(job: dict) -> None:
             raise UserError(f"{where}: {e}") from None
 
 
+def build_model(source: str, seed: int, progress=None) -> str:
+    """A model's local directory, built or unpacked by the zoo in a child process (see prepare)."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "actorjet.models.zoo", source, str(seed)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = None
+    for line in proc.stdout:
+        kind, _, rest = line.strip().partition(" ")
+        if kind == "progress" and progress is not None:
+            done, total = rest.split()
+            progress(int(done), int(total))
+        elif kind == "path":
+            path = rest
+    err = proc.stderr.read().strip().splitlines()
+    if proc.wait() != 0 or path is None:
+        raise UserError(f"model source {source!r}: {err[-1] if err else 'could not be prepared'}")
+    return path
+
+
+def model_config_here(job: dict, name: str) -> dict:
+    """The model's config with ``path`` valid on *this* node.  The head resolved the path on
+    its own disk; a model subtree placed on another node builds (zoo models) or finds (a local
+    directory given as the source) its own copy, one process at a time."""
+    import fcntl
+
+    cfg = dict(model_config(job, name))
+    if Path(cfg.get("path", "")).is_dir():
+        return cfg
+    if Path(cfg["source"]).is_dir():
+        cfg["path"] = cfg["source"]
+        return cfg
+    from actorjet.models.zoo import cache_dir
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / ".build.lock", "w") as lock:      # engine, gateway and learner start together
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cfg["path"] = build_model(cfg["source"], job["train"]["seed"])
+    return cfg
+
+
 def prepare(job: dict, progress=None) -> dict:
     """Resolve every model to a local directory before the tree starts, so actors never race
     to build the same model.
 
     Building runs in a child process: torch's thread pools must never start in the head
     process, because every actor is forked from it and a forked OpenMP pool deadlocks."""
-    import subprocess
-
     check_tasks(job)
     for model in job["models"]:
-        cmd = [sys.executable, "-m", "actorjet.models.zoo", model["source"], str(job["train"]["seed"])]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        path = None
-        for line in proc.stdout:
-            kind, _, rest = line.strip().partition(" ")
-            if kind == "progress" and progress is not None:
-                done, total = rest.split()
-                progress(int(done), int(total))
-            elif kind == "path":
-                path = rest
-        err = proc.stderr.read().strip().splitlines()
-        if proc.wait() != 0 or path is None:
-            raise UserError(f"model {model['name']!r}: {err[-1] if err else 'could not be prepared'}")
-        model["path"] = path
+        try:
+            model["path"] = build_model(model["source"], job["train"]["seed"], progress)
+        except UserError as e:
+            raise UserError(f"model {model['name']!r}: {str(e).partition(': ')[2]}") from None
     return job
 
 

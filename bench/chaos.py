@@ -2,7 +2,8 @@
 
     python bench/chaos.py [--steps 60] [--seed 0]
 
-Two joined nodes train tiny-arith with `agents/flaky_arithmetic.py` (the environment
+Every node is its own host: the head and each joined node run in their own network namespace
+with their own address (tests/hosts.py; needs root and `ip netns`).  Two joined nodes train tiny-arith with `agents/flaky_arithmetic.py` (the environment
 raises in 5% and hangs in 1% of episodes).  At random learner steps the bench SIGKILLs
 runners, the merger, the learner (twice), a whole node (a new one joins), and the head
 (then `actorjet start` again on the same run directory and port).  At the end it checks the
@@ -27,9 +28,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import actorjet  # noqa: E402,F401
-from actorjet.runtime.head import attach_root, status  # noqa: E402
+import hosts  # noqa: E402
 from common import table, write  # noqa: E402
-from swarm import REPO, Swarm, pid_of, wait_until  # noqa: E402
+from swarm import REPO, Swarm, wait_until  # noqa: E402
 
 JOB = """
 [[models]]
@@ -54,26 +55,32 @@ GROUP = 8
 
 
 class Chaos:
-    def __init__(self, swarm: Swarm, tmp: Path, steps: int):
-        self.swarm, self.tmp, self.steps = swarm, tmp, steps
+    def __init__(self, swarm: Swarm, net: hosts.Network, tmp: Path, steps: int):
+        self.swarm, self.net, self.tmp, self.steps = swarm, net, tmp, steps
         self.run = tmp / "run"
         self.job = tmp / "job.toml"
         self.job.write_text(JOB.format(steps=steps))
         self.tree = str(REPO / "supervisors" / "default.toml")
-        self.head, self.port, self.token = swarm.head(self.run, self.tree, extra=["--config", str(self.job)])
-        self.nodes: dict[str, tuple] = {}
+        self.head_host = net.host("head")
+        self.head, self.port, self.token = swarm.head(self.run, self.tree, host=self.head_host,
+                                                      extra=["--config", str(self.job)])
+        self.nodes: dict[str, hosts.Host] = {}
         self.acknowledged = 0          # finished groups the registries acknowledged, over head restarts
         self.injected: list[str] = []
 
     def status(self) -> dict:
-        return status(*attach_root(self.port))
+        return self.swarm.ctl(self.head_host, "status", self.port)
+
+    def pid_of(self, path: str) -> int | None:
+        return self.swarm.ctl(self.head_host, "pid", self.port, path)["pid"]
 
     def step(self) -> int:
         models = self.status()["models"]
         return models[0]["learner_step"] if models else 0
 
     def join(self, name: str) -> None:
-        self.nodes[name] = self.swarm.join(self.port, self.token, name, slots=2)
+        host = self.nodes[name] = self.net.host(name)
+        self.swarm.join(self.port, self.token, name, slots=2, head_host=self.head_host.ip, host=host)
 
     def wait_step(self, n: int) -> None:
         wait_until(lambda: self.step() >= n, 300, interval_s=0.2, what=f"learner step {n}")
@@ -81,17 +88,17 @@ class Chaos:
     # -- faults ---------------------------------------------------------------------------
     def kill_runner(self, runner_id: str) -> float:
         """SIGKILL a runner; seconds until its replacement answers."""
-        pid = pid_of(self.port, f"runners/{runner_id}")
+        pid = self.pid_of(f"runners/{runner_id}")
         os.kill(pid, signal.SIGKILL)
         t0 = time.perf_counter()
-        wait_until(lambda: (pid_of(self.port, f"runners/{runner_id}") or pid) != pid, 60, interval_s=0.02)
+        wait_until(lambda: (self.pid_of(f"runners/{runner_id}") or pid) != pid, 60, interval_s=0.02)
         self.injected.append(f"runner {runner_id}")
         return time.perf_counter() - t0
 
     def kill_actor(self, path: str) -> float:
         """SIGKILL the merger or the learner; seconds until the next learner step."""
         before = self.status()["models"][0]
-        os.kill(pid_of(self.port, path), signal.SIGKILL)
+        os.kill(self.pid_of(path), signal.SIGKILL)
         t0 = time.perf_counter()
 
         def stepped():
@@ -102,17 +109,17 @@ class Chaos:
         return time.perf_counter() - t0
 
     def kill_node(self, name: str, replacement: str) -> None:
-        proc, port = self.nodes.pop(name)
-        self.swarm.kill_system(port, proc)
+        self.swarm.kill_host(self.nodes.pop(name))      # the machine dies: every process on it
         self.join(replacement)
         self.injected.append(f"node {name}")
 
     def kill_head(self) -> float:
         data = self.status()
         self.acknowledged += data["groups"]["finished"] - data["groups"]["groups_unacknowledged"]
-        self.swarm.kill_system(self.port, self.head)
+        self.swarm.kill_host(self.head_host)
         t0 = time.perf_counter()
-        self.head, _, _ = self.swarm.head(self.run, self.tree, port=self.port, extra=["--config", str(self.job)])
+        self.head, _, _ = self.swarm.head(self.run, self.tree, port=self.port, host=self.head_host,
+                                          extra=["--config", str(self.job)])
         wait_until(lambda: self.status()["models"] and self.status()["models"][0]["learner_step"] > 0,
                    300, interval_s=0.2, what="a learner step after the head restart")
         self.injected.append("head")
@@ -127,14 +134,19 @@ def main() -> None:
     rng = random.Random(args.seed)
     os.environ.update(AJ_FLAKY_RAISE="0.05", AJ_FLAKY_HANG="0.01", AJ_FLAKY_HANG_S="20")
     t_start = time.time()
+    why = hosts.unavailable()
+    if why:
+        sys.exit(f"bench/chaos.py runs every node on its own host (network namespace): {why}")
+    print("hosts: head and nodes a, b, c each in their own network namespace (own address, own loopback)")
     with tempfile.TemporaryDirectory() as tmp_name:
-        swarm = Swarm(Path(tmp_name))
+        swarm, net = Swarm(Path(tmp_name)), hosts.Network()
         try:
-            result = run(swarm, Path(tmp_name), args.steps, rng)
+            result = run(swarm, net, Path(tmp_name), args.steps, rng)
         finally:
             swarm.cleanup()
             left = len(swarm.leftovers())
-    result.update(leftover_processes=left, wall_s=time.time() - t_start)
+            net.close()
+    result.update(leftover_processes=left, wall_s=time.time() - t_start, hosts="network namespaces")
     rows = [("faults injected / survived", f"{result['faults_injected']} / {result['faults_survived']}", "all"),
             ("episodes lost", result["episodes_lost"], "0"),
             ("duplicate episodes in the ledger", result["duplicate_episodes"], "0"),
@@ -155,8 +167,8 @@ def main() -> None:
     write("chaos", result)
 
 
-def run(swarm: Swarm, tmp: Path, steps: int, rng: random.Random) -> dict:
-    chaos = Chaos(swarm, tmp, steps)
+def run(swarm: Swarm, net: hosts.Network, tmp: Path, steps: int, rng: random.Random) -> dict:
+    chaos = Chaos(swarm, net, tmp, steps)
     chaos.join("a")
     chaos.join("b")
     at = sorted(rng.sample(range(3, steps - 8), 9))      # the learner steps at which faults happen

@@ -11,6 +11,9 @@ Swarm:    embedded head + 2 runner processes, gateway, merger, learner; steady-s
             openai  the quickstart agent (agents/arithmetic.py) with the openai SDK — adds
                     the SDK's own CPU per call, which on one shared machine competes with
                     the engine and learner.
+            hosts   the plain agent with its 2 runners on a joined node in another network
+                    namespace (own address, veth + bridge; tests/hosts.py, needs root): the
+                    same 2 cores, so the row shows the network path's cost, not extra CPU.
           CPU seconds per step of every swarm process (engine, gateway, learner, merger,
           registry, runners) show where the time goes.
 Target:   swarm step ≤ 1.5x the baseline step.  Writes bench/results/overhead[-MODEL].json.
@@ -31,6 +34,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from common import start_head, table, write  # noqa: E402
 
@@ -129,6 +133,67 @@ def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: st
     return (t[-1] - t[warmup - 1]) / (len(t) - warmup), cpu
 
 
+def _toml(job: dict) -> str:
+    """The job dict as TOML (flat tables of numbers and strings are all it holds)."""
+    def value(v):
+        return json.dumps(v) if isinstance(v, str) else repr(v).lower() if isinstance(v, bool) else repr(v)
+    out = []
+    for section in ("models", "tasks"):
+        for table_ in job[section]:
+            out += [f"[[{section}]]"] + [f"{k} = {value(v)}" for k, v in table_.items()]
+    out += ["[train]"] + [f"{k} = {value(v)}" for k, v in job["train"].items()]
+    return "\n".join(out) + "\n"
+
+
+def swarm_step_time_hosts(model: str, groups: int, steps: int, warmup: int, device: str) -> tuple[float, dict]:
+    """Like swarm_step_time with the plain agent, but the head and the runners' node each on
+    their own host (network namespace): every LLM call and result crosses a veth pair."""
+    import hosts
+    from swarm import REPO, Swarm
+
+    source = TASKS.get(model, "digits_task")
+    job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6, "device": device,
+                       "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
+           "tasks": [{"name": "bench", "source": source, "behavior": PLAIN[source]}],
+           "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
+                     "seed": SEED, "runner_concurrency": 64}}
+    with tempfile.TemporaryDirectory() as tmp_name, environment(CLEAN_ENV):
+        tmp = Path(tmp_name)
+        (tmp / "job.toml").write_text(_toml(job))
+        sw, net = Swarm(tmp), hosts.Network()
+        sw.env["PYTHONPATH"] = str(Path(__file__).resolve().parent)      # plain_http_agents
+        try:
+            head = net.host("head")
+            _, port, token = sw.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), host=head,
+                                     extra=["--config", str(tmp / "job.toml")])
+            sw.join(port, token, "runners", slots=2, head_host=head.ip, host=net.host("runners"))
+            metrics = tmp / "run" / "metrics.jsonl"
+            last_progress, seen, pids, cpu0 = time.time(), -1, {}, {}
+            while True:
+                rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+                train = [r for r in rows if r["kind"] == "train"]
+                if len(train) >= warmup and not pids:
+                    paths = ACTORS[:5] + ["runners/runner-runners-0", "runners/runner-runners-1"]
+                    pids = {p.split("/")[-1].replace("runner-runners-", "runner "): sw.ctl(head, "pid", port, p)["pid"]
+                            for p in paths}
+                    pids = {k: v for k, v in pids.items() if v}
+                    cpu0 = cpu_seconds(pids)
+                if len(train) >= steps + warmup:
+                    cpu1 = cpu_seconds(pids)
+                    break
+                if len(train) != seen:
+                    last_progress, seen = time.time(), len(train)
+                if time.time() - last_progress > 120:
+                    raise RuntimeError(f"no learner step for 120 s; errors logged:\n{error_lines(tmp / 'run')}")
+                time.sleep(0.05)
+        finally:
+            sw.cleanup()
+            net.close()
+    t = [r["time"] for r in train]
+    measured = len(train) - warmup
+    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), {n: (cpu1[n] - cpu0[n]) / measured for n in pids}
+
+
 def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device: str) -> float:
     import importlib
 
@@ -179,13 +244,20 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--groups", type=int, default=32, help="GRPO groups of 8 per step (default 32)")
     ap.add_argument("--device", default="cpu", help="where engine and learner run: cpu or cuda")
-    ap.add_argument("--agents", default="plain,openai", help="comma-separated: plain (http.client), openai (SDK)")
+    ap.add_argument("--agents", default="plain,openai,hosts",
+                    help="comma-separated: plain (http.client), openai (SDK), hosts (plain, runners on another "
+                    "host: a network namespace, needs root)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="rounds of (baseline, each swarm), interleaved; medians are reported (default 3)")
     args = ap.parse_args()
     agents = [a for a in args.agents.split(",") if a]
-    if not agents or set(agents) - {"plain", "openai"}:
-        ap.error("--agents takes plain and/or openai")
+    if not agents or set(agents) - {"plain", "openai", "hosts"}:
+        ap.error("--agents takes plain, openai and/or hosts")
+    if "hosts" in agents:
+        import hosts
+        if hosts.unavailable():
+            print(f"skipping the hosts row: {hosts.unavailable()}")
+            agents.remove("hosts")
     if args.repeats < 1 or args.steps < 1 or args.warmup < 1:
         ap.error("--repeats, --steps and --warmup must be >= 1")
     # Interleaved rounds: a slow minute on a shared machine hits every setup alike.
@@ -199,7 +271,10 @@ def main() -> None:
             bases.append(pool.apply(baseline_step_time, (args.model, args.groups, args.steps, args.warmup,
                                                          args.device)))
         for a in agents:
-            runs[a].append(swarm_step_time(args.model, args.groups, args.steps, args.warmup, args.device, a))
+            if a == "hosts":
+                runs[a].append(swarm_step_time_hosts(args.model, args.groups, args.steps, args.warmup, args.device))
+            else:
+                runs[a].append(swarm_step_time(args.model, args.groups, args.steps, args.warmup, args.device, a))
         print(f"round {r + 1}/{args.repeats}: one process {bases[-1]:.3f} s/step, " +
               ", ".join(f"{a} {runs[a][-1][0]:.3f}" for a in agents), flush=True)
     base = statistics.median(bases)
@@ -209,11 +284,13 @@ def main() -> None:
         swarm[a] = (step, {name: statistics.median(x[1][name] for x in runs[a]) for name in runs[a][0][1]})
     rows = [("one process, direct generate", f"{base:.3f}", "")]
     for agent, (step, _) in swarm.items():
-        label = "http.client" if agent == "plain" else "openai SDK"
-        rows.append((f"swarm, agent on {label}", f"{step:.3f}", f"{step / base:.2f}x (target <= 1.5x)"))
+        label = {"plain": "agent on http.client", "openai": "agent on openai SDK",
+                 "hosts": "http.client, runners on another host (netns)"}[agent]
+        rows.append((f"swarm, {label}", f"{step:.3f}", f"{step / base:.2f}x (target <= 1.5x)"))
     table(rows, ("setup", "s/step", "vs one process"))
     print()
     names = list(next(iter(swarm.values()))[1])
+    names += [n for a in agents for n in swarm[a][1] if n not in names]
     table([(name, *(f"{swarm[a][1].get(name, float('nan')) * 1000:.0f}" for a in agents)) for name in names]
           + [("total", *(f"{sum(swarm[a][1].values()) * 1000:.0f}" for a in agents))],
           ("CPU ms per step", *agents))

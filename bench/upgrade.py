@@ -2,7 +2,10 @@
 
     python bench/upgrade.py [--upgrades 10] [--nodes 2] [--slots 2]
 
-A head trains tiny-arith while joined nodes run the arithmetic behavior.  The bench
+A head trains tiny-arith while joined nodes run the arithmetic behavior; the head and each
+node are their own host (a network namespace with its own address, tests/hosts.py; needs
+root and `ip netns`), and the operator's side of the bench runs on the head's host, as
+`actorjet upgrade` would.  The bench
 alternates between two behaviors that format the prompt differently (``07+45=`` and
 ``7+45=``), ``--upgrades`` times, then rolls back once.  Each version writes a tag per
 episode to a log, so the bench checks that every trained group was produced by the code
@@ -32,6 +35,7 @@ from actorjet.cli.behavior_cmds import pickle_behavior, send  # noqa: E402
 from actorjet.registry.behaviors import sign_upload  # noqa: E402
 from actorjet.runtime import messages as m  # noqa: E402
 from actorjet.runtime.head import attach_root, status  # noqa: E402
+import hosts  # noqa: E402
 from common import table, write  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
@@ -76,16 +80,26 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--dwell", type=float, default=2.0, help="seconds of training between upgrades")
+    ap.add_argument("--operate", nargs=3, metavar=("PORT", "TOKEN", "TMP"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.operate:          # the operator's half, on the head's host: JSON result on stdout
+        port, token, tmp = args.operate
+        print(json.dumps(operate(int(port), token, Path(tmp), args)))
+        return
+    why = hosts.unavailable()
+    if why:
+        sys.exit(f"bench/upgrade.py runs the head and nodes on their own hosts (network namespaces): {why}")
+    print(f"hosts: head and {args.nodes} nodes each in their own network namespace (own address, own loopback)")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        swarm = Swarm(tmp)
+        swarm, net = Swarm(tmp), hosts.Network()
         try:
-            result = run(swarm, tmp, args)
+            result = run(swarm, net, tmp, args)
         finally:
             swarm.cleanup()
             left = len(swarm.leftovers())
-    result["leftover_processes"] = left
+            net.close()
+    result.update(leftover_processes=left, hosts="network namespaces")
     rows = [("upgrades", result["upgrades"], "10"),
             ("reach, client view (p50 / max)", f"{result['reach_client_s']['p50']:.3f} / "
              f"{result['reach_client_s']['max']:.3f} s", "<= 2 s"),
@@ -101,13 +115,26 @@ def main() -> None:
     write("upgrade", result)
 
 
-def run(swarm: Swarm, tmp: Path, args) -> dict:
+def run(swarm: Swarm, net: hosts.Network, tmp: Path, args) -> dict:
     job = tmp / "job.toml"
     job.write_text(JOB)
-    run_dir = tmp / "run"
-    _, port, token = swarm.head(run_dir, str(REPO / "supervisors" / "default.toml"), extra=["--config", str(job)])
+    head = net.host("head")
+    _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), host=head,
+                                extra=["--config", str(job)])
     for i in range(args.nodes):
-        swarm.join(port, token, f"node{i}", slots=args.slots)
+        swarm.join(port, token, f"node{i}", slots=args.slots, head_host=head.ip, host=net.host(f"node{i}"))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--upgrades", str(args.upgrades), "--dwell", str(args.dwell),
+           "--operate", str(port), token, str(tmp)]
+    out = head.run(cmd, env=swarm.env_of(head), cwd=REPO, timeout=1200)
+    if out.returncode != 0:
+        raise RuntimeError(f"the operator's half failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
+    print("\n".join(line for line in out.stderr.splitlines() if line.startswith("upgrade ")))
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def operate(port: int, token: str, tmp: Path, args) -> dict:
+    """Upgrades, a rollback and bad payloads against the head on this host; the checks."""
+    run_dir = tmp / "run"
     get = lambda: status(*attach_root(port))  # noqa: E731
     wait_until(lambda: get()["models"][0]["learner_step"] >= 1, 120, interval_s=0.5, what="first learner step")
     step0 = get()["models"][0]["learner_step"]
@@ -125,7 +152,8 @@ def run(swarm: Swarm, tmp: Path, args) -> dict:
             raise RuntimeError(f"upgrade {k} failed: {reply.error or behind}")
         tag_of_version[reply.version] = tag
         client_s.append(elapsed)
-        print(f"upgrade {k + 1}: v{reply.version} ({tag}) on {len(reply.runners)} runners in {elapsed:.3f} s")
+        print(f"upgrade {k + 1}: v{reply.version} ({tag}) on {len(reply.runners)} runners in {elapsed:.3f} s",
+              file=sys.stderr)
         time.sleep(args.dwell)
     # rollback to the version before, and check its code is what runs afterwards
     reply, _, behind = send(port, m.Rollback("arithmetic"), 15, 30)

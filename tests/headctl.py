@@ -1,8 +1,10 @@
-"""Ask a head from inside its own host (network namespace): tests run this with the
-host's ``ip netns exec`` prefix, since a head's admin port is that host's loopback.
+"""Ask a head from inside its own host (network namespace): tests and benches run this with
+the host's ``ip netns exec`` prefix, since a head's admin port is that host's loopback.
 
-    python tests/headctl.py status PORT          → the registry's status, JSON
-    python tests/headctl.py pid PORT TREE/PATH   → {"pid": N} of that actor (null if absent)
+    python tests/headctl.py PORT     then, one per line on stdin, one JSON line back:
+        status            → the registry's status
+        pid TREE/PATH     → {"pid": N} of that actor (null if absent)
+    errors come back as {"error": "..."}; the handle re-attaches after a head restart.
 """
 import json
 import sys
@@ -11,12 +13,24 @@ import actorjet  # noqa: F401  - convention timings before thespian loads
 from actorjet.runtime import messages as m
 from actorjet.runtime.head import attach_root, lookup, status
 
-if __name__ == "__main__":
-    verb, port = sys.argv[1], int(sys.argv[2])
-    asys, root = attach_root(port)
-    if verb == "status":
-        print(json.dumps(status(asys, root), default=str))
-    elif verb == "pid":
-        address = lookup(asys, root, sys.argv[3], 5)
+
+def answer(handle, words):
+    asys, root = handle
+    if words[0] == "status":
+        return status(asys, root)
+    if words[0] == "pid":
+        address = lookup(asys, root, words[1], 5)
         reply = asys.ask(address, m.Ping(), 5) if address else None
-        print(json.dumps({"pid": reply.pid if isinstance(reply, m.Pong) else None}))
+        return {"pid": reply.pid if isinstance(reply, m.Pong) else None}
+    return {"error": f"unknown verb {words[0]!r}"}
+
+
+if __name__ == "__main__":
+    port, handle = int(sys.argv[1]), None
+    for line in sys.stdin:
+        try:
+            handle = handle or attach_root(port)
+            out = answer(handle, line.split())
+        except Exception as e:  # noqa: BLE001 - reported to the asker, who retries
+            handle, out = None, {"error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(out, default=str), flush=True)

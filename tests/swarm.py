@@ -76,6 +76,7 @@ class Swarm:
         self.procs: list[Proc] = []
         self.ports: list[int] = []
         self.env = dict(os.environ, ACTORJET_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
+        self.ctls: dict[tuple, subprocess.Popen] = {}     # (namespace, port) → headctl.py
 
     def env_of(self, host=None) -> dict:
         """A host in its own namespace also gets its own ACTORJET_HOME (hosts share nothing)."""
@@ -147,6 +148,10 @@ class Swarm:
         return pids
 
     def cleanup(self) -> None:
+        for ctl in self.ctls.values():
+            with contextlib.suppress(Exception):
+                ctl.kill()
+                ctl.wait(5)
         for proc in self.procs:
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -175,13 +180,21 @@ class Swarm:
                     mine.append(p)
         return mine
 
-    def ctl(self, host, *args) -> dict:
-        """tests/headctl.py on ``host`` (a head's admin answers on its own host only)."""
-        out = subprocess.run(host.prefix + [sys.executable, str(REPO / "tests" / "headctl.py"), *map(str, args)],
-                             capture_output=True, text=True, timeout=60, env=self.env_of(host), cwd=REPO)
-        if out.returncode != 0:
-            raise RuntimeError(f"headctl {args} on {host.name} failed: {out.stderr.strip()[-400:]}")
-        return json.loads(out.stdout)
+    def ctl(self, host, verb: str, port: int, *args) -> dict:
+        """Ask the head on ``host`` (its admin answers on its own host only) through a
+        tests/headctl.py process kept running there: ``status`` or ``pid TREE/PATH``."""
+        key = (host.ns, port)
+        proc = self.ctls.get(key)
+        if proc is None or proc.poll() is not None:
+            proc = self.ctls[key] = subprocess.Popen(
+                host.prefix + [sys.executable, str(REPO / "tests" / "headctl.py"), str(port)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env_of(host), cwd=REPO)
+        proc.stdin.write(" ".join([verb, *map(str, args)]) + "\n")
+        proc.stdin.flush()
+        out = json.loads(proc.stdout.readline() or '{"error": "headctl exited"}')
+        if isinstance(out, dict) and "error" in out and len(out) == 1:
+            raise RuntimeError(f"headctl {verb} on {host.name}: {out['error']}")
+        return out
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):

@@ -5,7 +5,10 @@ model's gateway (over HTTP: the data plane) and commits them to the durable ledg
 (actorjet/ledger.py) before acknowledging.  Whenever ``groups_per_step`` groups are
 pending for a model, it credits each call with its episode's group-normalized advantage
 for that model/role, packs the calls (context.merge = none | prefix | tree, see pack.py),
-writes a batch file and tells that model's learner.
+writes a batch file and tells that model's learner where to fetch it (``GET /batches/NAME``
+on this actor's HTTP server, with the cluster token): a learner may run on another node.
+The ledger is this actor's alone; learners claim batches and rewind through messages
+(Claim → Claimed, Rewind → Rewound).
 Groups whose rewards do not vary carry no GRPO signal; they are counted, not trained.
 """
 from __future__ import annotations
@@ -18,10 +21,13 @@ from pathlib import Path
 
 import torch
 
+from aiohttp import web
+
 from actorjet.context import align, pack
 from actorjet.context.samples import group_advantages, reward_for
 from actorjet.ledger import Ledger
 from actorjet.models.openai_api import render_prompt
+from actorjet.models.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -92,14 +98,35 @@ class Merger(ManagedActor):
             log.info("merger: %d stored groups from unfinished batches are pending again", released)
         self.ticking = False
         self.inbox: list = []          # (GroupDone, sender) waiting to be stored together
+        self.server = AppServer(self._batch_app(), name="merger")
         self._announce()
 
+    def _batch_app(self) -> web.Application:
+        """Batch files for learners, wherever they run; each is served whole, then deleted
+        (a learner that dies after fetching one gets its groups back through Rewind)."""
+        async def get(request):
+            if request.headers.get("Authorization", "") != f"Bearer {self.context['token']}":
+                return web.json_response({"error": {"message": "this endpoint needs the cluster token"}}, status=403)
+            name = request.match_info["name"]
+            path = self.out_dir / name
+            if "/" in name or not name.endswith(".pt") or not path.exists():
+                return web.json_response({"error": {"message": f"no batch {name!r}"}}, status=404)
+            body = path.read_bytes()
+            path.unlink(missing_ok=True)
+            return web.Response(body=body, content_type="application/octet-stream")
+
+        app = web.Application()
+        app.router.add_get("/batches/{name}", get)
+        return app
+
     def on_stop(self) -> None:
+        if getattr(self, "server", None):
+            self.server.stop()
         if getattr(self, "ledger", None):
             self.ledger.close()
 
     def _announce(self) -> None:
-        self.send(self.registry, m.ServiceUp("", "merger", None, self.myAddress))
+        self.send(self.registry, m.ServiceUp("", "merger", self.server.url, self.myAddress))
         self.send(self.registry, m.Subscribe("directory"))
 
     def on_context(self) -> None:
@@ -125,6 +152,22 @@ class Merger(ManagedActor):
         if not self.ticking:          # groups released by a learner or a rewind come back here
             self.ticking = True
             self.wakeupAfter(timedelta(seconds=TICK_S))
+
+    def receiveMsg_Claim(self, msg: m.Claim, sender):
+        ok = self.ledger.claim(msg.model, msg.group_ids, msg.step)
+        if not ok:
+            log.warning("merger: batch %s of %s skipped: some of its groups were trained already", msg.url, msg.model)
+            (self.out_dir / msg.url.rpartition("/")[2]).unlink(missing_ok=True)
+        self.send(sender, m.Claimed(msg.url, ok))
+
+    def receiveMsg_Rewind(self, msg: m.Rewind, sender):
+        """A (re)started learner: groups trained after its checkpoint were lost with the weights
+        that saw them, and batches sent to its predecessor die with it: pending again."""
+        groups = self.ledger.rewind(msg.model, msg.step) + self.ledger.release(msg.model)
+        if groups:
+            log.info("merger: %s restarts at step %d; %d groups are pending again", msg.model, msg.step, groups)
+        self.send(sender, m.Rewound(msg.model, groups))
+        self._flush_ready()
 
     def receiveMsg_WakeupMessage(self, msg, sender):
         if msg.payload == "store":
@@ -285,4 +328,5 @@ class Merger(ManagedActor):
                     "groups": group_log}, path)
         self.ledger.assign(model, group_ids, path.name)
         learner = self.services[model]["learner"]
-        self.send(learner["address"], m.BatchReady(model, str(path), len(groups), stats, group_ids))
+        self.send(learner["address"], m.BatchReady(model, f"{self.server.url}/batches/{path.name}", len(groups),
+                                                   stats, group_ids))

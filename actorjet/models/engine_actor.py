@@ -12,7 +12,7 @@ import asyncio
 
 from aiohttp import web
 
-from actorjet.job import model_config
+from actorjet.job import model_config_here
 from actorjet.models.engine import GenRequest
 from actorjet.models.serve import AppServer
 from actorjet.runtime import messages as m
@@ -55,7 +55,7 @@ class Engine(ManagedActor):
     def on_init(self) -> None:
         job = self.context["job"]
         self.model = self.args["model"]
-        cfg = model_config(job, self.model)
+        cfg = model_config_here(job, self.model)
         self.engine = make_engine(cfg, job["train"]["seed"])
         if cfg["engine"] == "transformers":
             from actorjet.models import threads

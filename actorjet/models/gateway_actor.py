@@ -14,7 +14,7 @@ from datetime import timedelta
 import aiohttp
 from thespian.actors import WakeupMessage
 
-from actorjet.job import model_config
+from actorjet.job import model_config_here
 from actorjet.models.engine import GenRequest, GenResult
 from actorjet.models.gateway import EngineUnavailable, Gateway as GatewayApp
 from actorjet.models.serve import AppServer
@@ -84,7 +84,7 @@ class Gateway(ManagedActor):
 
         job = self.context["job"]
         self.model = self.args["model"]
-        cfg = model_config(job, self.model)
+        cfg = model_config_here(job, self.model)
         tokenizer = AutoTokenizer.from_pretrained(cfg["path"])
         self.backend = HttpEngineBackend()
         self.events: queue.Queue = queue.Queue()

@@ -1,25 +1,30 @@
 """The learner actor: one per trainable model.  Batches in, weight versions out.
 
-Loop, top to bottom:  BatchReady → load the batch file → drop sampled tokens staler than
-``max_staleness`` versions → one GRPO step → save weights as version v+1 → tell the engine
-(LoadWeights) and the registry (Trained) → metrics line → every ``eval_every`` steps a
-held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
+Loop, top to bottom:  BatchReady → Claim its groups at the merger (which holds the ledger)
+→ Claimed → fetch the batch over HTTP → drop sampled tokens staler than ``max_staleness``
+versions → one GRPO step → save weights as version v+1 → tell the engine (LoadWeights) and
+the registry (Trained, and the metrics line) → every ``eval_every`` steps a held-out
+evaluation, every ``checkpoint_every`` steps a checkpoint.
+Weights and checkpoints live on the learner's own node (its model subtree may be placed on
+a GPU node); nothing here reads a file of the head's.  A (re)started learner first tells
+the merger where it resumes (Rewind) and claims nothing before the answer.
 A frozen model (``trainable = false``) gets no learner in the tree.
 """
 from __future__ import annotations
 
+import io
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
 
-from actorjet import metrics
-from actorjet.job import model_config
-from actorjet.ledger import Ledger
+from actorjet.job import model_config_here
 from actorjet.models.evaluate import eval_spec, greedy_accuracy
 from actorjet.models import exact_attention, threads
 from actorjet.models.grpo import GRPOConfig, grpo_step
+from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -38,9 +43,9 @@ class Learner(ManagedActor):
 
         job = self.context["job"]
         self.model_name = self.args["model"]
-        self.cfg = model_config(job, self.model_name)
+        self.cfg = model_config_here(job, self.model_name)
         self.train_cfg = job["train"]
-        self.run_dir = Path(self.context["run_dir"])
+        self.run_dir = endpoints.local_run_dir(self.context)      # this node's: weights, checkpoints
         torch.manual_seed(self.train_cfg["seed"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
         self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
@@ -57,7 +62,10 @@ class Learner(ManagedActor):
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
-        self.ledger = Ledger(self.run_dir)
+        self.merger = None
+        self.rewound = False          # the merger knows where this learner resumes
+        self.queue: list[m.BatchReady] = []
+        self.claiming: m.BatchReady | None = None
         self.duplicates_skipped = 0
         self._resume()
         self.evals = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
@@ -88,14 +96,10 @@ class Learner(ManagedActor):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
             self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
             self.step = state["step"]
-        rewound = self.ledger.rewind(self.model_name, self.step)
-        # Batches the merger sent to a previous incarnation died with it: pending again.
-        rewound += self.ledger.release(self.model_name)
-        if checkpoints or published or rewound:
+        if checkpoints or published:
             self.version = max([self.version] + published) + 1
             save_weights(self.model, self.weights_dir / f"v{self.version:06d}.safetensors")
-            log.info("%s resumed at step %d as weight version %d; %d trained groups are pending again",
-                     self.model_name, self.step, self.version, rewound)
+            log.info("%s resumed at step %d as weight version %d", self.model_name, self.step, self.version)
 
     def _announce(self) -> None:
         self.send(self.registry, m.ServiceUp(self.model_name, "learner", None, self.myAddress))
@@ -105,6 +109,11 @@ class Learner(ManagedActor):
         self._announce()
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
+        merger = msg.services.get("", {}).get("merger")
+        merger = merger["address"] if merger else None
+        if merger is not None and merger != self.merger and not self.rewound:
+            self.send(merger, m.Rewind(self.model_name, self.step))
+        self.merger = merger
         engine = msg.services.get(self.model_name, {}).get("engine")
         address = engine["address"] if engine else None
         if address is not None and address != self.engine and self.version > 0:
@@ -112,16 +121,46 @@ class Learner(ManagedActor):
             self.send(address, m.LoadWeights(self.version, str(self.weights_dir / f"v{self.version:06d}.safetensors")))
         self.engine = address
 
+    def receiveMsg_Rewound(self, msg: m.Rewound, sender):
+        if not self.rewound:
+            log.info("%s: the merger resumes it at step %d (%d groups pending again)", self.model_name,
+                     self.step, msg.groups)
+        self.rewound = True
+        self._claim_next()
+
     def receiveMsg_BatchReady(self, msg: m.BatchReady, sender):
+        self.queue.append(msg)
+        self._claim_next()
+
+    def _claim_next(self) -> None:
+        """One batch at a time: claim it at the merger, train it when the claim holds."""
+        if self.claiming is not None or not self.queue or not self.rewound or self.merger is None:
+            return
         if self.step >= self.train_cfg["steps"]:
+            self.queue.clear()
             return
-        if msg.group_ids and not self.ledger.claim(self.model_name, msg.group_ids, self.step + 1):
+        self.claiming = self.queue.pop(0)
+        self.send(self.merger, m.Claim(self.model_name, self.claiming.group_ids, self.step + 1, self.claiming.url))
+
+    def receiveMsg_Claimed(self, msg: m.Claimed, sender):
+        batch, self.claiming = self.claiming, None
+        if batch is None or batch.url != msg.url:
+            return
+        if not msg.ok:
             self.duplicates_skipped += 1     # its groups were re-batched and trained already
-            log.warning("%s: batch %s skipped: some of its groups were trained already", self.model_name, msg.path)
-            Path(msg.path).unlink(missing_ok=True)
-            return
+            log.warning("%s: batch %s skipped: some of its groups were trained already", self.model_name, msg.url)
+        else:
+            self._train(batch)
+        self._claim_next()
+
+    def _fetch(self, url: str) -> dict:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.context['token']}"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return torch.load(io.BytesIO(resp.read()), weights_only=False)
+
+    def _train(self, msg: m.BatchReady) -> None:
         t0 = time.perf_counter()
-        batch = torch.load(msg.path, weights_only=False)
+        batch = self._fetch(msg.url)
         samples, stale = [], 0
         floor = self.version - self.train_cfg["max_staleness"]
         for s in batch["samples"]:          # drop sampled tokens that are too old, keep the rest
@@ -158,8 +197,7 @@ class Learner(ManagedActor):
                                                   "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
                                                   "tools_unified", "text_aligned",
                                                   "by_behavior", "by_task") if k in msg.stats})
-        metrics.append(self.run_dir, record)
-        Path(msg.path).unlink(missing_ok=True)
+        self._metric(record)
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate()
         if self.step % self.cfg["checkpoint_every"] == 0 or done:
@@ -170,10 +208,13 @@ class Learner(ManagedActor):
         for task, spec in self.evals:
             t0 = time.perf_counter()
             acc = greedy_accuracy(self.model, self.tokenizer, spec, self.cfg["eval_max_tokens"])
-            metrics.append(self.run_dir, {"kind": "eval", "model": self.model_name, "task": task, "step": self.step,
-                                          "weight_version": self.version, "accuracy": acc,
-                                          "eval_time_s": time.perf_counter() - t0})
+            self._metric({"kind": "eval", "model": self.model_name, "task": task, "step": self.step,
+                          "weight_version": self.version, "accuracy": acc, "eval_time_s": time.perf_counter() - t0})
             log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, self.step, task, acc)
+
+    def _metric(self, record: dict) -> None:
+        """metrics.jsonl is the head's (the registry writes it): this node may be another."""
+        self.send(self.registry, m.Metric({"time": time.time(), **record}))
 
     def _checkpoint(self) -> None:
         out = self.run_dir / "checkpoints" / self.model_name / f"step_{self.step:06d}"

@@ -70,7 +70,7 @@ class Registry(ManagedActor):
         node.link = link
         self.send(link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
         log.info("admitted node %s (%s) with %d slots", node.name, node.node_id, node.slots)
-        self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission))
+        self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
     def _lost(self, node_id: str, reason: str) -> None:
         node = self.table.mark_lost(node_id, reason)
@@ -105,7 +105,7 @@ class Registry(ManagedActor):
             node.admission = f"{self.epoch}.{self.admissions}"
             self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
             log.info("node %s is back; re-admitted", node.name)
-            self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission))
+            self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):
         """A NodeLink died.  If its node is still alive, recreate it (a few times)."""
@@ -128,7 +128,7 @@ class Registry(ManagedActor):
         if sender not in self.subscribers:
             self.subscribers.append(sender)
         for node in self.table.alive():
-            self.send(sender, m.NodeUp(node.node_id, node.name, node.slots, node.admission))
+            self.send(sender, m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
     def _publish(self, msg) -> None:
         for sub in self.subscribers:

@@ -191,6 +191,11 @@ class EpisodeDesk:
         self.leases.tick()
 
     # -- learners -----------------------------------------------------------------------
+    def on_Metric(self, msg: m.Metric, sender):
+        """The run's metrics.jsonl lives on the head, whichever node the learner runs on."""
+        if self.run_dir and isinstance(msg.record, dict):
+            metrics.append(self.run_dir, msg.record)
+
     def on_Trained(self, msg: m.Trained, sender):
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)

@@ -14,6 +14,7 @@ from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
 from actorjet.runtime import logs
 from actorjet.runtime import messages as m
+from actorjet.runtime.node import on_node
 
 log = logs.log
 
@@ -24,6 +25,11 @@ class ManagedActor(ActorTypeDispatcher):
     args: dict = {}
     context: dict = {}
     supervisor = None
+
+    @staticmethod
+    def actorSystemCapabilityCheck(capabilities, requirements):
+        """A child placed on a node (``{"node_id": ...}``, see supervisor.py) starts there only."""
+        return on_node(capabilities, requirements)
 
     def receiveMessage(self, msg, sender):
         logs.ensure()

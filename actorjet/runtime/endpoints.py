@@ -51,6 +51,18 @@ def node_dir() -> Path | None:
     return Path(value) if value else None
 
 
+def local_run_dir(context: dict) -> Path:
+    """Where this node keeps the run's files (weights, checkpoints): the run directory on
+    the head; ``NODE_DIR/runs/RUN_ID`` on a member — never a path of another host's."""
+    run_dir = Path(context["run_dir"])
+    here = node_dir()
+    if here is None or here.resolve() == run_dir.resolve():
+        return run_dir
+    local = here / "runs" / str(context.get("run_id") or "run")
+    local.mkdir(parents=True, exist_ok=True)
+    return local
+
+
 def url(port: int) -> str:
     return f"http://{advertise_host()}:{port}"
 

@@ -85,17 +85,19 @@ class Head:
         self._clean_stale(state)
         self.token = state.get("token") or secrets.token_hex(16)   # never starts with "-" (argparse)
         self.epoch = int(state.get("epoch", 0)) + 1
+        self.run_id = state.get("run_id") or uuid.uuid4().hex[:12]   # names this run's files on other nodes
         caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.advertise, self.port),
                 "actorjet_role": "head", "node_id": f"head-{uuid.uuid4().hex[:8]}", "name": "head",
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count()}
         os.environ["ACTORJET_TOKEN"] = self.token      # local runners check behaviors with it
         self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.advertise,
                                               bind_ip=self.host, node_dir=self.run_dir)
-        context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir),
+        context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir), "run_id": self.run_id,
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},
                    "node_timeout_s": self.node_timeout_s, "heartbeat_s": self.heartbeat_s,
                    "job": self.job, "head": f"{self.advertise}:{self.port}", "door_port": self.door_port}
-        write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "host": self.advertise,
+        write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "run_id": self.run_id,
+                                       "host": self.advertise,
                                        "port": self.port, "head_pid": os.getpid(),
                                        "admin_pid": system.admin_pid(self.port)})
         self.root = self.asys.createActor(Supervisor, globalName=ROOT_NAME)

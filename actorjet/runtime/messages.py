@@ -136,6 +136,8 @@ class NodeUp:
     name: str
     slots: int
     admission: str = ""
+    gpus: int = 0                # what placement rules match (supervisor specs: placement = {gpus = 1})
+    cpus: int = 0
 
 
 @dataclass
@@ -243,10 +245,48 @@ class GroupDone:
 @dataclass
 class BatchReady:
     model: str
-    path: str
+    url: str                     # where the learner fetches the batch (the merger's HTTP server)
     groups: int
     stats: dict
     group_ids: list = field(default_factory=list)   # the ledger rows the learner claims
+
+
+@dataclass
+class Claim:
+    """Learner → merger, before it trains a batch: mark its groups trained at ``step``.  The
+    ledger lives with the merger; a learner on another node never opens it."""
+    model: str
+    group_ids: list
+    step: int
+    url: str
+
+
+@dataclass
+class Claimed:
+    url: str
+    ok: bool                     # False: some group was trained already (the batch is skipped)
+
+
+@dataclass
+class Rewind:
+    """A (re)started learner → merger: groups trained after its checkpoint's ``step`` are
+    pending again, and so are groups in batches nobody will train.  It claims nothing before
+    the answer, so a rewind can never undo a claim of the new learner."""
+    model: str
+    step: int
+
+
+@dataclass
+class Rewound:
+    model: str
+    groups: int
+
+
+@dataclass
+class Metric:
+    """Learner → registry: one metrics.jsonl record (train step or eval).  The registry writes
+    the run's metrics.jsonl on the head, wherever the learner runs."""
+    record: dict
 
 
 @dataclass

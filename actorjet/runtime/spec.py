@@ -18,6 +18,7 @@ from actorjet.runtime import kinds
 RESTART_TYPES = ("permanent", "transient", "temporary")
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
 CHILD_KEYS = {"id", "kind", "restart", "args", "placement"}
+PLACEMENT_KEYS = {"node", "gpus", "cpus"}
 SUPERVISOR_KEYS = {"strategy", "max_restarts", "period_s", "backoff_initial_s",
                    "backoff_max_s", "children"}
 
@@ -28,7 +29,7 @@ class ChildSpec:
     kind: str
     restart: str = "permanent"
     args: dict = field(default_factory=dict)
-    placement: dict = field(default_factory=dict)   # thespian actor requirements
+    placement: dict = field(default_factory=dict)   # which node: {node = NAME} and/or {gpus = N, cpus = N}
     # only for kind == "supervisor":
     strategy: str = "one_for_one"
     max_restarts: int = 5
@@ -115,6 +116,13 @@ def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
     for key in ("args", "placement"):
         if not isinstance(data.get(key, {}), dict):
             raise loc.error(cid, key, "must be a table, e.g. args = { model = \"policy\" }")
+    for key, value in data.get("placement", {}).items():
+        if key not in PLACEMENT_KEYS:
+            raise loc.error(cid, "placement", f"unknown placement key {key!r} (known: node, gpus, cpus)")
+        if key == "node" and (not isinstance(value, str) or not value):
+            raise loc.error(cid, "placement", "placement.node must be a node name, e.g. placement = { node = \"gpu1\" }")
+        if key != "node" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise loc.error(cid, "placement", f"placement.{key} must be a whole number >= 0")
     spec = ChildSpec(id=cid, kind=kind, restart=restart, args=dict(data.get("args", {})),
                      placement=dict(data.get("placement", {})))
     if kind != "supervisor":

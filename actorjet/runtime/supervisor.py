@@ -13,8 +13,15 @@ Backoff:        a child that ran for at least a second is restarted at once (fas
                 crash loop, and its k-th quick death waits ``backoff_initial_s * 2**(k-1)``
                 (0.05 s if unset), capped at ``backoff_max_s``.
 
-Children that live on *other nodes* are not reported dead by thespian when their node
-dies; that case is handled by the registry's heartbeats (see actorjet/registry/actor.py).
+Placement:      a child with ``placement = { node = "gpu1" }`` and/or ``{ gpus = 1, cpus = 8 }``
+                starts on an admitted live node that matches (the head counts as a node; the
+                one with the fewest children of this supervisor wins), or waits, without
+                counting as a restart, until such a node joins.  Its own children start
+                where it runs.  A model subtree placed on a GPU node serves, records and
+                trains there.
+Children on *other nodes* are not reported dead by thespian when their node dies; the
+supervisor of a placed child subscribes to the registry's NodeUp / NodeLost events and
+treats the loss of its node as the child's failure (restarted on another match, or waiting).
 """
 from __future__ import annotations
 
@@ -46,8 +53,12 @@ class Supervisor(ManagedActor):
         self.counts: dict[str, int] = {}           # root only: restarts per path
         self.owner = None
         self.escalated = False
+        self.nodes: dict[str, dict] = {}           # admitted live nodes (only with placed children)
+        self.placed_on: dict[str, str] = {}        # child id → node id
+        self.waiting: list[str] = []               # placed children with no matching node yet
         for child in self.spec.children:
             self._start(child)
+        self._subscribe_nodes()
 
     def receiveMsg_Init(self, msg: m.Init, sender):
         super().receiveMsg_Init(msg, sender)
@@ -58,7 +69,17 @@ class Supervisor(ManagedActor):
     # -- starting and stopping ------------------------------------------------------------
     def _start(self, child: ChildSpec) -> None:
         cls = kinds.resolve(child.kind)
-        addr = self.createActor(cls, targetActorRequirements=child.placement or None)
+        requirements = None
+        if child.placement:
+            node_id = self._pick_node(child)
+            if node_id is None:
+                if child.id not in self.waiting:
+                    self.waiting.append(child.id)
+                    log.warning("%s/%s waits for a node matching %s", self.path, child.id, child.placement)
+                return
+            requirements = {"node_id": node_id}
+            self.placed_on[child.id] = node_id
+        addr = self.createActor(cls, targetActorRequirements=requirements)
         self.addresses[child.id] = addr
         self.started_at[child.id] = time.monotonic()
         self.normal_exit.discard(child.id)
@@ -74,6 +95,38 @@ class Supervisor(ManagedActor):
                     self.send(other, m.ContextUpdate({"registry": addr}))
             if self.supervisor is None:
                 self.send(addr, m.RestartCounts(dict(self.counts)))
+            self._subscribe_nodes()        # a restarted registry has no subscribers
+
+    # -- placement ----------------------------------------------------------------------
+    def _subscribe_nodes(self) -> None:
+        if any(c.placement for c in self.spec.children) and self.registry is not None:
+            self.send(self.registry, m.Subscribe("nodes"))
+
+    def _pick_node(self, child: ChildSpec) -> str | None:
+        want = child.placement
+        fits = [nid for nid, n in self.nodes.items()
+                if want.get("node", n["name"]) == n["name"] and n["gpus"] >= want.get("gpus", 0)
+                and n["cpus"] >= want.get("cpus", 0)]
+        load = lambda nid: sum(1 for c, n in self.placed_on.items() if n == nid and c in self.addresses)  # noqa: E731
+        return min(fits, key=lambda nid: (load(nid), nid), default=None)
+
+    def receiveMsg_NodeUp(self, msg: m.NodeUp, sender):
+        self.nodes[msg.node_id] = {"name": msg.name, "gpus": msg.gpus, "cpus": msg.cpus}
+        waiting, self.waiting = self.waiting, []
+        for child in self.spec.children:
+            if child.id in waiting and not self.escalated:
+                self._start(child)
+
+    def receiveMsg_NodeLost(self, msg: m.NodeLost, sender):
+        """thespian never reports children on a dead node: their node's loss is their failure."""
+        self.nodes.pop(msg.node_id, None)
+        for child_id, node_id in list(self.placed_on.items()):
+            if node_id == msg.node_id and child_id in self.addresses and not self.escalated:
+                log.warning("%s/%s: its node %s was lost (%s)", self.path, child_id, node_id, msg.reason)
+                del self.placed_on[child_id]
+                self._stop(child_id)          # best effort: a cut node may still run it
+                self._report_restart(f"{self.path}/{child_id}")
+                self._start(next(c for c in self.spec.children if c.id == child_id))
 
     def _stop(self, child_id: str) -> None:
         addr = self.addresses.pop(child_id, None)
@@ -83,6 +136,7 @@ class Supervisor(ManagedActor):
     def on_context(self) -> None:
         for addr in self.addresses.values():
             self.send(addr, m.ContextUpdate(self.context))
+        self._subscribe_nodes()
 
     # -- failures -----------------------------------------------------------------------
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):
@@ -188,4 +242,5 @@ class Supervisor(ManagedActor):
         self.send(sender, m.Started("stopped"))
 
     def info(self) -> dict:
-        return {"path": self.path, "children": sorted(self.addresses), "restarts": dict(self.counts)}
+        return {"path": self.path, "children": sorted(self.addresses), "restarts": dict(self.counts),
+                "placed_on": dict(self.placed_on), "waiting_for_a_node": list(self.waiting)}
