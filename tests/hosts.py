@@ -53,6 +53,13 @@ class Host:
     def prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.ns]
 
+    def without(self, *paths) -> list[str]:
+        """A prefix like ``prefix`` whose processes also cannot see ``paths`` (each is covered by
+        an empty tmpfs in a private mount namespace): files of another host stay out of reach."""
+        script = 'n=$1; shift; i=0; while [ $i -lt $n ]; do mount -t tmpfs tmpfs "$1"; shift; i=$((i+1)); done; exec "$@"'
+        return self.prefix + ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                              str(len(paths)), *map(str, paths)]
+
     def run(self, args: list[str], **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run(self.prefix + args, capture_output=True, text=True, **kwargs)
 

@@ -98,15 +98,15 @@ class Swarm:
 
     def join(self, port: int, token: str, name: str, slots: int = 1, head_host: str = "127.0.0.1",
              node_port: int | None = None, prefix: list[str] | None = None, wait: bool = True,
-             host=None, extra: list[str] | None = None) -> tuple[Proc, int]:
-        """A joined node; with ``host`` it runs in that namespace."""
+             host=None, extra: list[str] | None = None, env: dict | None = None) -> tuple[Proc, int]:
+        """A joined node; with ``host`` it runs in that namespace (``env``: more variables)."""
         node_port = node_port or free_port()
         self.ports.append(node_port)
         if host is not None:
             prefix = host.prefix
         proc = Proc(["join", f"{head_host}:{port}", "--token", token, "--name", name,
                      "--slots", str(slots), "--port", str(node_port), "--timeout", "15"] + (extra or []),
-                    self.env_of(host), prefix=prefix)
+                    dict(self.env_of(host), **(env or {})), prefix=prefix)
         self.procs.append(proc)
         if wait:
             proc.wait_for(r"^joined ")

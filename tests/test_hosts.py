@@ -7,8 +7,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 import threading
 
+import psutil
 import pytest
 
 from swarm import REPO, wait_until
@@ -145,3 +147,71 @@ def test_a_node_that_only_connects_out_trains_through_the_door(swarm, network, t
     node.popen.send_signal(signal.SIGTERM)
     assert node.wait_exit(30) == 0
     assert "left the swarm after" in node.output
+
+
+MODEL_NODE_TREE = """
+id = "root"
+strategy = "one_for_one"
+max_restarts = 20
+period_s = 60
+[[children]]
+id = "registry"
+kind = "registry"
+[[children]]
+id = "merger"
+kind = "merger"
+[[children]]
+id = "model.policy"
+kind = "supervisor"
+placement = { node = "modelbox" }      # the model's engine, gateway and learner live there
+args = { model = "policy" }
+  [[children.children]]
+  id = "engine"
+  kind = "engine"
+  [[children.children]]
+  id = "gateway"
+  kind = "gateway"
+  [[children.children]]
+  id = "learner"
+  kind = "learner"
+[[children]]
+id = "runners"
+kind = "runner_supervisor"
+args = { runners = 0 }
+"""
+
+
+def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm, network, tmp_path):
+    head, modelbox, worker = network.host("head"), network.host("modelbox"), network.host("worker")
+    (tmp_path / "tree.toml").write_text(MODEL_NODE_TREE)
+    (tmp_path / "job.toml").write_text(JOB.format(steps=12, eval_every=6).replace(
+        "checkpoint_every = 1000", "checkpoint_every = 6"))
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(tmp_path / "tree.toml"), host=head,
+                                extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    assert status()["models"] == [] or status()["models"][0]["learner_step"] == 0
+    # the model node sees neither the head's run directory nor its model cache (hidden under
+    # empty mounts): it builds its own copy of the model and keeps its files in its own home
+    from actorjet.models.zoo import cache_dir
+    cache = tmp_path / "modelbox-cache"
+    swarm.join(port, token, "modelbox", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
+               prefix=modelbox.without(run, cache_dir()))
+    swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
+
+    wait_until(lambda: status()["training_finished"], 400, interval_s=2, what="12 learner steps")
+    data = status()
+    assert data["services"]["policy"]["gateway"].startswith(f"http://{modelbox.ip}:")
+    box_home = swarm.env["ACTORJET_HOME"]
+    for path in ("model.policy/engine", "model.policy/gateway", "model.policy/learner"):
+        pid = swarm.ctl(head, "pid", port, path)["pid"]
+        assert psutil.Process(pid).environ()["ACTORJET_HOME"] == box_home, path     # runs on the model node
+    assert any(cache.rglob("config.json")), "the model node built its own model"
+    box_run = next(Path(box_home).glob("nodes/modelbox/runs/*"))
+    assert sorted(p.name for p in (box_run / "checkpoints" / "policy").iterdir()) == ["step_000006", "step_000012"]
+    assert not (run / "weights").exists() and not (run / "checkpoints").exists()    # the head holds no model
+    rows = metrics(run)                                                  # metrics reach the head
+    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 13))
+    evals = wait_until(lambda: len(e := [r for r in metrics(run) if r["kind"] == "eval"]) >= 3 and e, 60,
+                       what="evaluations at steps 0, 6, 12")
+    assert [e["step"] for e in evals] == [0, 6, 12]
