@@ -1,4 +1,5 @@
-"""Multi-task cocktail training: isolated task runtimes, mixing weights, tasks changed live."""
+"""Multi-task cocktail training: isolated task runtimes, mixing weights, tasks changed live.
+The head and the runners' node each run on their own host (a network namespace)."""
 import json
 import sqlite3
 import subprocess
@@ -6,11 +7,9 @@ import sys
 
 import pytest
 
-from actorjet.runtime.head import attach_root
-from actorjet.runtime.head import status as head_status
 from swarm import REPO, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 JOB = """
 [[models]]
@@ -37,17 +36,19 @@ mix = "{mix}"
 """
 
 
-def start(swarm, tmp_path, **fields):
+def start(swarm, network, tmp_path, **fields):
     (tmp_path / "job.toml").write_text(JOB.format(**fields))
     run = tmp_path / "run"
-    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=2,
-                            extra=["--config", str(tmp_path / "job.toml")])
-    return run, port, lambda: head_status(*attach_root(port))
+    head, worker = network.host("head"), network.host("worker")
+    _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
+                                extra=["--config", str(tmp_path / "job.toml")])
+    swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
+    return run, head, lambda: swarm.ctl(head, "status", port)
 
 
-def test_a_task_that_crashes_its_process_never_aborts_the_other_task(swarm, tmp_path):
+def test_a_task_that_crashes_its_process_never_aborts_the_other_task(swarm, network, tmp_path):
     swarm.env.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.15")
-    run, port, status = start(swarm, tmp_path, w_healthy=1.0, w_other=1.0, other="crashy",
+    run, head, status = start(swarm, network, tmp_path, w_healthy=1.0, w_other=1.0, other="crashy",
                               other_behavior="agents.flaky_arithmetic:behavior", mix="fill")
     wait_until(lambda: status()["tasks"]["healthy"]["completed"] >= 240, 240, interval_s=1,
                what="240 episodes of the healthy task")
@@ -58,8 +59,8 @@ def test_a_task_that_crashes_its_process_never_aborts_the_other_task(swarm, tmp_
     assert status()["models"][0]["learner_step"] >= 3                            # fill: never starved
 
 
-def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm, tmp_path):
-    run, port, status = start(swarm, tmp_path, w_healthy=3.0, w_other=1.0, other="minor",
+def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm, network, tmp_path):
+    run, head, status = start(swarm, network, tmp_path, w_healthy=3.0, w_other=1.0, other="minor",
                               other_behavior="agents.arithmetic:behavior", mix="strict")
     wait_until(lambda: status()["models"][0]["learner_step"] >= 8, 240, interval_s=1, what="8 steps")
     db = sqlite3.connect(run / "ledger.sqlite")
@@ -71,8 +72,9 @@ def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm
         assert sorted(tasks).count("healthy") == 6 and tasks.count("minor") == 2, tasks
 
     def task(*args):
-        out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "task", *args, "--run-dir", str(run)],
-                             capture_output=True, text=True, timeout=60, cwd=REPO)
+        out = subprocess.run(head.prefix + [sys.executable, "-m", "actorjet.cli.main", "task", *args,
+                                            "--run-dir", str(run)],
+                             capture_output=True, text=True, timeout=60, cwd=REPO, env=swarm.env_of(head))
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -84,8 +86,9 @@ def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm
     wait_until(lambda: status()["tasks"]["extra"]["completed"] >= 16, 120, interval_s=1, what="the added task runs")
     task("remove", "extra")
     assert "extra" not in status()["tasks"]
-    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "task", "pause", "nope", "--run-dir", str(run)],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    out = subprocess.run(head.prefix + [sys.executable, "-m", "actorjet.cli.main", "task", "pause", "nope",
+                                        "--run-dir", str(run)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO, env=swarm.env_of(head))
     assert out.returncode == 2 and "no task named 'nope'" in out.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("healthy" in r.get("by_task", {}) for r in rows if r["kind"] == "train")

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 import threading
+import time
 
 import psutil
 import pytest
@@ -69,8 +70,10 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
     head, worker, laptop = network.host("head"), network.host("worker"), network.host("laptop")
     (tmp_path / "job.toml").write_text(JOB.format(steps=30, eval_every=30))
     run = tmp_path / "run"
+    # listening on every interface, advertising the one address other hosts can reach
     _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
-                                extra=["--config", str(tmp_path / "job.toml")])
+                                extra=["--config", str(tmp_path / "job.toml"), "--host", "0.0.0.0",
+                                       "--advertise", head.ip])
     swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
 
     status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
@@ -215,3 +218,35 @@ def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm,
     evals = wait_until(lambda: len(e := [r for r in metrics(run) if r["kind"] == "eval"]) >= 3 and e, 60,
                        what="evaluations at steps 0, 6, 12")
     assert [e["step"] for e in evals] == [0, 6, 12]
+
+
+PLACED_TREE = """
+id = "root"
+max_restarts = 20
+[[children]]
+id = "registry"
+kind = "registry"
+[[children]]
+id = "probe"
+kind = "probe"
+placement = { node = "alpha" }
+"""
+
+
+def test_a_placed_child_waits_for_its_node_and_follows_it_after_a_loss(swarm, network, tmp_path):
+    head, alpha, alpha2 = network.host("head"), network.host("alpha"), network.host("alpha2")
+    (tmp_path / "tree.toml").write_text(PLACED_TREE)
+    _, port, token = swarm.head(tmp_path / "run", str(tmp_path / "tree.toml"), host=head, node_timeout=3)
+    home_of = lambda pid: psutil.Process(pid).environ()["ACTORJET_HOME"]  # noqa: E731
+    pid = lambda: swarm.ctl(head, "pid", port, "probe")["pid"]  # noqa: E731
+    time.sleep(2)
+    assert pid() is None                                        # no node named alpha yet: it waits
+    swarm.join(port, token, "alpha", slots=0, head_host=head.ip, host=alpha)
+    first = wait_until(pid, 20, what="the probe placed on alpha")
+    assert home_of(first) == swarm.env_of(alpha)["ACTORJET_HOME"]
+    swarm.kill_host(alpha)                                      # the machine dies
+    wait_until(lambda: pid() is None, 20, what="the probe's loss noticed")
+    swarm.join(port, token, "alpha", slots=0, head_host=head.ip, host=alpha2)     # a new machine, same name
+    second = wait_until(pid, 20, what="the probe placed on the new alpha")
+    assert home_of(second) == swarm.env_of(alpha2)["ACTORJET_HOME"]
+    assert swarm.ctl(head, "status", port)["restarts"].get("root/probe") == 1

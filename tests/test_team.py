@@ -1,27 +1,32 @@
 """Heterogeneous multi-model RL: two different trainable models (different tokenizers) as
-the brains of one team, each trained only on its own calls with its own reward."""
+the brains of one team, each trained only on its own calls with its own reward.  The head and
+the runners' node each run on their own host (a network namespace)."""
 import json
 import sqlite3
 
 import pytest
 
-from actorjet.runtime.head import attach_root
-from actorjet.runtime.head import status as head_status
 from swarm import REPO, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.netns]
+
+
+def start(swarm, network, run, tree, job):
+    """Head on one host, two runner slots on another; returns status()."""
+    head, worker = network.host("head"), network.host("worker")
+    _, port, token = swarm.head(run, str(tree), host=head, extra=["--config", str(job)])
+    swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
+    return lambda: swarm.ctl(head, "status", port)
 
 STEPS = 40
 TINY_VOCAB = 21          # tiny-arith's character tokenizer
 
 
-def test_two_models_train_on_their_own_calls_and_both_learn(swarm, tmp_path):
+def test_two_models_train_on_their_own_calls_and_both_learn(swarm, network, tmp_path):
     job = (REPO / "agents" / "team.toml").read_text().replace("steps = 60", f"steps = {STEPS}")
     (tmp_path / "team.toml").write_text(job)
     run = tmp_path / "run"
-    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "two_models.toml"), slots=2,
-                            extra=["--config", str(tmp_path / "team.toml")])
-    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    status = start(swarm, network, run, REPO / "supervisors" / "two_models.toml", tmp_path / "team.toml")
     wait_until(lambda: [m["learner_step"] for m in status()["models"]] == [STEPS, STEPS], 600, interval_s=1,
                what=f"{STEPS} steps of both learners")
 
@@ -48,7 +53,7 @@ def test_two_models_train_on_their_own_calls_and_both_learn(swarm, tmp_path):
     assert sum(verifier[-10:]) > sum(verifier[:10]), verifier
 
 
-def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swarm, tmp_path):
+def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swarm, network, tmp_path):
     job = (REPO / "agents" / "team.toml").read_text()
     job = job.replace('name = "verifier"', 'name = "verifier"\ntrainable = false')
     job = job.replace('name = "proposer"', 'name = "proposer"\ngroups_per_step = 4')
@@ -59,8 +64,7 @@ def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swar
     verifier = verifier.replace('  [[children.children]]\n  id = "learner"\n  kind = "learner"\n', "")
     (tmp_path / "tree.toml").write_text(head + 'id = "model.verifier"' + verifier + "[[children]]" + runners)
     run = tmp_path / "run"
-    _, port, _ = swarm.head(run, str(tmp_path / "tree.toml"), slots=2, extra=["--config", str(tmp_path / "team.toml")])
-    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    status = start(swarm, network, run, tmp_path / "tree.toml", tmp_path / "team.toml")
     wait_until(lambda: status()["models"] and status()["models"][0]["learner_step"] >= 8, 300, interval_s=1,
                what="8 steps of the proposer")
     data = status()
