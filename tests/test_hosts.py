@@ -245,7 +245,9 @@ def test_a_placed_child_waits_for_its_node_and_follows_it_after_a_loss(swarm, ne
     first = wait_until(pid, 20, what="the probe placed on alpha")
     assert home_of(first) == swarm.env_of(alpha)["ACTORJET_HOME"]
     swarm.kill_host(alpha)                                      # the machine dies
-    wait_until(lambda: pid() is None, 20, what="the probe's loss noticed")
+    wait_until(lambda: not any(n["alive"] for n in swarm.ctl(head, "status", port)["nodes"] if n["name"] == "alpha"),
+               20, what="alpha declared lost")
+    assert pid() is None
     swarm.join(port, token, "alpha", slots=0, head_host=head.ip, host=alpha2)     # a new machine, same name
     second = wait_until(pid, 20, what="the probe placed on the new alpha")
     assert home_of(second) == swarm.env_of(alpha2)["ACTORJET_HOME"]

@@ -183,7 +183,6 @@ class Learner(ManagedActor):
         old.unlink(missing_ok=True)
         done = self.step >= self.train_cfg["steps"]
         tasks = {t: v["groups"] for t, v in msg.stats.get("by_task", {}).items()}
-        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, msg.groups, done, tasks))
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
                   "reward_mean": msg.stats.get("reward_mean"), "groups": msg.groups,
                   "episodes": msg.stats.get("episodes"), "zero_variance_groups": msg.stats.get("zero_variance_groups"),
@@ -197,7 +196,8 @@ class Learner(ManagedActor):
                                                   "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
                                                   "tools_unified", "text_aligned",
                                                   "by_behavior", "by_task") if k in msg.stats})
-        self._metric(record)
+        self._metric(record)          # before Trained: whoever sees the step in status finds its line
+        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, msg.groups, done, tasks))
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate()
         if self.step % self.cfg["checkpoint_every"] == 0 or done:
