@@ -120,14 +120,19 @@ class Swarm:
         proc.wait_for(r"^joined ")
         return proc
 
-    def kill_host(self, host) -> list[int]:
-        """SIGKILL every process running "on" ``host`` (its ACTORJET_HOME): a machine that dies."""
+    def host_processes(self, host) -> list[psutil.Process]:
+        """The live processes running "on" ``host`` (those carrying its ACTORJET_HOME)."""
         home = self.env_of(host)["ACTORJET_HOME"]
         procs = []
         for p in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error):
-                if p.environ().get("ACTORJET_HOME") == home:
+                if p.environ().get("ACTORJET_HOME") == home and p.status() != psutil.STATUS_ZOMBIE:
                     procs.append(p)
+        return procs
+
+    def kill_host(self, host) -> list[int]:
+        """SIGKILL every process running "on" ``host`` (its ACTORJET_HOME): a machine that dies."""
+        procs = self.host_processes(host)
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.kill()

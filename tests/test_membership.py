@@ -1,11 +1,12 @@
-"""Joining, node loss, re-placement and head restarts with real processes on 127.0.0.1."""
+"""Joining, node loss, re-placement and head restarts with real processes.  The tests where
+nodes and the head talk to each other run each on its own host (a network namespace);
+refusals and CLI errors run on 127.0.0.1."""
 import time
 
 import pytest
 
-from actorjet.runtime import messages as m
 from actorjet.runtime import system
-from actorjet.runtime.head import attach_root, lookup, status
+from actorjet.runtime.head import attach_root, status
 from swarm import wait_until
 
 pytestmark = pytest.mark.slow
@@ -29,46 +30,50 @@ def placed(port, runner="runner-0"):
     return None
 
 
-def test_node_loss_is_detected_and_its_runner_replaced(swarm, tmp_path, trees):
-    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"), node_timeout=3)
-    _, port_a = swarm.join(port, token, "alpha")
-    first = wait_until(lambda: placed(port), 15, what="runner placed")
-    _, port_b = swarm.join(port, token, "beta")
-    wait_until(lambda: len([n for n in status(*client(port))["nodes"] if not n["head"]]) == 2, 10, what="both nodes admitted")
-    victim_port = port_a if first == "alpha" else port_b
-    victim = next(p for p in swarm.procs if f"--port {victim_port}" in " ".join(p.args))
+def placed_on(swarm, head, port, runner="runner-0"):
+    data = swarm.ctl(head, "status", port)
+    names = {n["node_id"]: n["name"] for n in data["nodes"]}
+    return next((names[r["node_id"]] for r in data["runners"] if r["id"] == runner and r["node_id"]), None)
+
+
+@pytest.mark.netns
+def test_node_loss_is_detected_and_its_runner_replaced(swarm, network, tmp_path, trees):
+    head, hosts = network.host("head"), {"alpha": network.host("alpha"), "beta": network.host("beta")}
+    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"), node_timeout=3, host=head)
+    swarm.join(port, token, "alpha", head_host=head.ip, host=hosts["alpha"])
+    first = wait_until(lambda: placed_on(swarm, head, port), 15, what="runner placed")
+    swarm.join(port, token, "beta", head_host=head.ip, host=hosts["beta"])
+    wait_until(lambda: len([n for n in swarm.ctl(head, "status", port)["nodes"] if not n["head"]]) == 2, 10,
+               what="both nodes admitted")
     killed_at = time.time()
-    swarm.kill_system(victim_port, victim)
+    swarm.kill_host(hosts[first])                # the machine holding the runner dies
     survivor = "beta" if first == "alpha" else "alpha"
-    wait_until(lambda: placed(port) == survivor, 12, what="runner re-placed on the survivor")
+    wait_until(lambda: placed_on(swarm, head, port) == survivor, 12, what="runner re-placed on the survivor")
     elapsed = time.time() - killed_at
     assert elapsed <= 10, f"loss handled after {elapsed:.1f} s"
-    data = status(*client(port))
-    lost = [n for n in data["nodes"] if n["name"] == first]
+    lost = [n for n in swarm.ctl(head, "status", port)["nodes"] if n["name"] == first]
     assert lost and not lost[0]["alive"]
 
 
-def test_head_restart_readmits_members_and_leaves_no_orphans(swarm, tmp_path, trees):
+@pytest.mark.netns
+def test_head_restart_readmits_members_and_leaves_no_orphans(swarm, network, tmp_path, trees):
     run = tmp_path / "run"
-    head, port, token = swarm.head(run, str(trees / "nodes.toml"), node_timeout=3)
-    node, node_port = swarm.join(port, token, "alpha", slots=1)
-    wait_until(lambda: placed(port) == "alpha", 15, what="runner placed on alpha")
-    asys, root = client(port)
-    runner = lookup(asys, root, "runners/runner-0")
-    old_pid = asys.ask(runner, m.Ping(), 5).pid
-    count_before = live_count(node_port)
-    swarm.kill_system(port, head)           # the whole head: admin, actors, CLI
-    head2, port2, token2 = swarm.head(run, str(trees / "nodes.toml"), port=port, node_timeout=3)
+    head_host, alpha = network.host("head"), network.host("alpha")
+    head, port, token = swarm.head(run, str(trees / "nodes.toml"), node_timeout=3, host=head_host)
+    node, _ = swarm.join(port, token, "alpha", slots=1, head_host=head_host.ip, host=alpha)
+    wait_until(lambda: placed_on(swarm, head_host, port) == "alpha", 15, what="runner placed on alpha")
+    old_pid = swarm.ctl(head_host, "pid", port, "runners/runner-0")["pid"]
+    count_before = len(swarm.host_processes(alpha))
+    swarm.kill_host(head_host)              # the whole head machine: admin, actors, CLI
+    head2, port2, token2 = swarm.head(run, str(trees / "nodes.toml"), port=port, node_timeout=3, host=head_host)
     assert token2 == token                  # same run dir → same cluster secret
-    wait_until(lambda: placed(port) == "alpha", 30, what="member re-admitted and runner placed")
+    wait_until(lambda: placed_on(swarm, head_host, port) == "alpha", 30, what="member re-admitted and runner placed")
     node.wait_for("re-admitted", 10)
-    asys, root = client(port)
-    new_pid = wait_until(lambda: asys.ask(lookup(asys, root, "runners/runner-0"), m.Ping(), 5).pid, 10)
+    new_pid = wait_until(lambda: swarm.ctl(head_host, "pid", port, "runners/runner-0")["pid"], 10)
     assert new_pid != old_pid
     # the orphan of the first head is gone, and the node has as many processes as before
-    wait_until(lambda: old_pid not in [p.pid for p in system.system_processes(node_port)], 10,
-               what="orphaned runner stopped")
-    wait_until(lambda: live_count(node_port) <= count_before, 10, what="no extra processes on the node")
+    wait_until(lambda: old_pid not in [p.pid for p in swarm.host_processes(alpha)], 10, what="orphaned runner stopped")
+    wait_until(lambda: len(swarm.host_processes(alpha)) <= count_before, 10, what="no extra processes on the node")
 
 
 def test_wrong_token_is_refused_and_nothing_placed(swarm, tmp_path, trees):
@@ -113,15 +118,17 @@ def test_port_in_use_is_a_clear_error(swarm, tmp_path, trees):
     assert "Traceback" not in proc.output
 
 
-def test_leave_replaces_runners_at_once(swarm, tmp_path, trees):
-    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"), node_timeout=30)
-    node_a, _ = swarm.join(port, token, "alpha")
-    wait_until(lambda: placed(port) == "alpha", 15, what="runner on alpha")
-    swarm.join(port, token, "beta")
+@pytest.mark.netns
+def test_leave_replaces_runners_at_once(swarm, network, tmp_path, trees):
+    head, alpha, beta = network.host("head"), network.host("alpha"), network.host("beta")
+    _, port, token = swarm.head(tmp_path / "run", str(trees / "nodes.toml"), node_timeout=30, host=head)
+    swarm.join(port, token, "alpha", head_host=head.ip, host=alpha)
+    wait_until(lambda: placed_on(swarm, head, port) == "alpha", 15, what="runner on alpha")
+    swarm.join(port, token, "beta", head_host=head.ip, host=beta)
     from swarm import Proc
-    leave = Proc(["leave", "--name", "alpha"], swarm.env)
+    leave = Proc(["leave", "--name", "alpha"], swarm.env_of(alpha), prefix=alpha.prefix)
     assert leave.wait_exit(30) == 0, leave.output
-    wait_until(lambda: placed(port) == "beta", 8, what="runner moved to beta well before the 30 s timeout")
+    wait_until(lambda: placed_on(swarm, head, port) == "beta", 8, what="runner moved to beta well before the 30 s timeout")
 
 
 def test_stale_system_of_a_crashed_head_is_cleaned_up_then_stop_works(swarm, tmp_path, trees):
