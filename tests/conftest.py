@@ -27,8 +27,9 @@ def trees():
 
 
 @pytest.fixture
-def network():
-    """Separate hosts as network namespaces on a private bridge (tests/hosts.py)."""
+def network(swarm):
+    """Separate hosts as network namespaces on a private bridge (tests/hosts.py).  The swarm's
+    processes stop before the network goes: without it their shutdown hangs on dead links."""
     import hosts
 
     why = hosts.unavailable()
@@ -39,4 +40,5 @@ def network():
     try:
         yield net
     finally:
+        swarm.cleanup()
         net.close()
