@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import tomllib
 from pathlib import Path
@@ -109,6 +110,8 @@ def _section(given: dict, defaults: dict, where: str) -> dict:
         if key not in defaults:
             raise UserError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(defaults))})")
         want = type(defaults[key])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{where}: field {key!r} must be a finite number, got {value!r}")
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             continue
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):

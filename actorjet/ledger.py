@@ -8,8 +8,10 @@
              rewind()  after a restart from the checkpoint at step k: groups trained after
                        k were lost with the crashed weights, so they are pending again
     merger   release() batches that were never trained (a restarted merger) go back
+    merger   quarantine()  a group that cannot be trained (a reward that cannot be normalized,
+                       calls that cannot be packed): kept with its cause, never pending again
 
-So after any crash: finished = trained + pending, and no group is trained twice in the
+So after any crash: finished = trained + pending + quarantined, and no group is trained twice in the
 weights that survive.  Several processes open it (merger, learner, bench); each write is
 a short transaction, and WAL lets readers go on while one writes.
 """
@@ -32,6 +34,7 @@ CREATE TABLE IF NOT EXISTS groups (
     stored_at    REAL NOT NULL,
     batch        TEXT,                   -- batch file it was packed into (NULL: pending)
     trained_step INTEGER,                -- learner step that trained it (NULL: not yet)
+    quarantine   TEXT,                   -- {cause, sample} of a group that cannot be trained
     PRIMARY KEY (group_id, model)
 );
 CREATE INDEX IF NOT EXISTS pending ON groups (model, trained_step, batch);
@@ -46,6 +49,9 @@ class Ledger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")     # WAL + NORMAL: durable across process crashes
         self.db.executescript(SCHEMA)
+        columns = [row[1] for row in self.db.execute("PRAGMA table_info(groups)")]
+        if "quarantine" not in columns:      # ledgers written before quarantine existed
+            self.db.execute("ALTER TABLE groups ADD COLUMN quarantine TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -94,11 +100,22 @@ class Ledger:
         """task → (pending groups, when the oldest was stored)."""
         return {t: (n, oldest) for t, n, oldest in self.db.execute(
             "SELECT task_name, COUNT(*), MIN(stored_at) FROM groups WHERE model = ? AND trained_step IS NULL "
-            "AND batch IS NULL GROUP BY task_name", (model,))}
+            "AND batch IS NULL AND quarantine IS NULL GROUP BY task_name", (model,))}
 
     def count_pending(self, model: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM groups WHERE model = ? AND trained_step IS NULL "
-                               "AND batch IS NULL", (model,)).fetchone()[0]
+                               "AND batch IS NULL AND quarantine IS NULL", (model,)).fetchone()[0]
+
+    def quarantine(self, model: str, group_id: str, cause: str, sample: str = "") -> None:
+        """Take a group out of training for good, keeping it, its cause and a sample of it."""
+        with self._tx() as db:
+            db.execute("UPDATE groups SET quarantine = ?, batch = NULL, trained_step = NULL "
+                       "WHERE model = ? AND group_id = ?",
+                       (json.dumps({"cause": cause[:500], "sample": sample[:500]}), model, group_id))
+
+    def quarantined(self) -> list[dict]:
+        return [{"group_id": g, "model": m, **json.loads(q)} for g, m, q in self.db.execute(
+            "SELECT group_id, model, quarantine FROM groups WHERE quarantine IS NOT NULL")]
 
     def assign(self, model: str, group_ids: list[str], batch: str) -> None:
         with self._tx() as db:
@@ -119,7 +136,7 @@ class Ledger:
         with self._tx() as db:
             marks = ",".join("?" * len(group_ids))
             trained = db.execute(f"SELECT COUNT(*) FROM groups WHERE model = ? AND group_id IN ({marks}) "
-                                 "AND trained_step IS NOT NULL", (model, *group_ids)).fetchone()[0]
+                                 "AND (trained_step IS NOT NULL OR quarantine IS NOT NULL)", (model, *group_ids)).fetchone()[0]
             if trained:
                 db.execute(f"UPDATE groups SET batch = NULL WHERE model = ? AND group_id IN ({marks}) "
                            "AND trained_step IS NULL", (model, *group_ids))
@@ -139,9 +156,10 @@ class Ledger:
     def counts(self) -> dict[str, dict[str, int]]:
         """Per model: groups finished (stored), trained, pending, and distinct trained steps."""
         out = {}
-        for model, stored, trained in self.db.execute(
-                "SELECT model, COUNT(*), COUNT(trained_step) FROM groups GROUP BY model"):
-            out[model] = {"finished": stored, "trained": trained, "pending": stored - trained}
+        for model, stored, trained, bad in self.db.execute(
+                "SELECT model, COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups GROUP BY model"):
+            out[model] = {"finished": stored, "trained": trained, "quarantined": bad,
+                          "pending": stored - trained - bad}
         return out
 
 

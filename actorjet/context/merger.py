@@ -10,10 +10,15 @@ on this actor's HTTP server, with the cluster token): a learner may run on anoth
 The ledger is this actor's alone; learners claim batches and rewind through messages
 (Claim → Claimed, Rewind → Rewound).
 Groups whose rewards do not vary carry no GRPO signal; they are counted, not trained.
+A group that cannot be turned into training data (a reward that cannot be normalized,
+calls that cannot be packed, a learner that could not train on it) is quarantined in the
+ledger with its cause and counted in status; the rest of the batch trains.  No poison pill:
+one bad group never crashes the merger, so it can never crash it again after a restart.
 """
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.request
 from datetime import timedelta
@@ -28,6 +33,7 @@ from actorjet.context.samples import group_advantages, reward_for
 from actorjet.ledger import Ledger
 from actorjet.models.openai_api import render_prompt
 from actorjet.models.serve import AppServer
+from actorjet.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -69,6 +75,17 @@ def merge_mode(model_cfg: dict) -> str:
     except (OSError, KeyError, json.JSONDecodeError):
         return "prefix"
     return "prefix" if "flash" in str(config.get("_attn_implementation", "")) else "tree"
+
+
+def check_call(call: dict) -> None:
+    """A recorded call the learner can train on: token ids, one finite logprob per sampled token."""
+    ids, lps = call.get("completion_ids"), call.get("logprobs")
+    if not isinstance(call.get("prompt_ids"), list) or not isinstance(ids, list) or not isinstance(lps, list):
+        raise ValueError("a call without prompt_ids / completion_ids / logprobs lists")
+    if len(ids) != len(lps):
+        raise ValueError(f"a call with {len(ids)} completion ids but {len(lps)} logprobs")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in lps):
+        raise ValueError("a call with a logprob that is not a finite number")
 
 
 class Merger(ManagedActor):
@@ -168,6 +185,16 @@ class Merger(ManagedActor):
             log.info("merger: %s restarts at step %d; %d groups are pending again", msg.model, msg.step, groups)
         self.send(sender, m.Rewound(msg.model, groups))
         self._flush_ready()
+
+    def receiveMsg_Quarantine(self, msg: m.Quarantine, sender):
+        """The learner could not train on a batch: its groups go to quarantine, not back to pending."""
+        for group_id in msg.group_ids:
+            self._quarantine(msg.model, group_id, msg.cause, "")
+
+    def _quarantine(self, model: str, group_id: str, cause: str, sample: str) -> None:
+        log.error("merger: group %s of %s quarantined: %s", group_id, model, cause)
+        self.ledger.quarantine(model, group_id, cause, sample)
+        self.send(self.registry, m.Quarantined(model, group_id, cause))
 
     def receiveMsg_WakeupMessage(self, msg, sender):
         if msg.payload == "store":
@@ -271,6 +298,12 @@ class Merger(ManagedActor):
                             "by_behavior": {}}
         for group in groups:
             rewards = group["rewards"]
+            for episode_id, reward in rewards.items():     # stored before rewards were checked at the edge
+                if bad_reward(reward):
+                    raise ValueError(f"episode {episode_id}: {bad_reward(reward)}")
+            for episode_calls in group["calls"].values():
+                for call in episode_calls:
+                    check_call(call)
             stats["episodes"] += len(rewards)
             credited = {}
             for episode_id, episode_calls in group["calls"].items():
@@ -298,6 +331,27 @@ class Merger(ManagedActor):
         return calls, stats
 
     def _flush(self, model: str, groups: list[dict]) -> None:
+        """Build and send one batch; if building fails, find the groups that fail on their own
+        and quarantine them (the next compose leaves them out).  A failure no single group
+        explains is a bug of ours: it crashes the merger as before."""
+        try:
+            self._build_and_send(model, groups)
+        except Exception as e:  # noqa: BLE001 - judged group by group below
+            culprits = []
+            for group in groups:
+                try:
+                    calls, _ = self._credit(model, [group])
+                    pack.pack(calls, self.merge_modes.get(model, "none"), max_tokens=self.tree_max_tokens)
+                except Exception as alone:  # noqa: BLE001 - this group is the poison
+                    culprits.append((group, f"{type(alone).__name__}: {alone}"))
+            if not culprits:
+                raise
+            for group, cause in culprits:
+                self._quarantine(model, group["group_id"], cause, json.dumps(group["rewards"])[:500])
+            log.warning("merger: a batch of %s failed (%s: %s); %d group(s) quarantined, the rest trains",
+                        model, type(e).__name__, e, len(culprits))
+
+    def _build_and_send(self, model: str, groups: list[dict]) -> None:
         self.batches += 1
         path = self.out_dir / f"{model}-{self.context.get('head_epoch', 0)}-{self.incarnation}-{self.batches:06d}.pt"
         calls, batch = self._credit(model, groups)

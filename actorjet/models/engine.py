@@ -34,6 +34,12 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     n: int = 1
+    top_logprobs: int = 0        # alternatives per sampled token (OpenAI's top_logprobs)
+
+
+class RequestFailed(Exception):
+    """This request failed on its own while the engine works (its batch-mates succeeded, or
+    the engine served others lately): the request's fault, answered with a 400, never retried."""
 
 
 @dataclass
@@ -42,6 +48,7 @@ class GenResult:
     logprobs: list[float]
     finish_reason: str          # "stop" (eos or stop string) | "length"
     weight_version: int
+    top_logprobs: list | None = None   # per token: [[token id, logprob], ...] when asked for
 
 
 class BatchingEngine:
@@ -59,6 +66,8 @@ class BatchingEngine:
         self._lock = threading.Lock()
         self._closed = False
         self.batches = 0
+        self.last_success = 0.0          # monotonic time of the last batch that worked
+        self.isolated = 0                # requests that failed alone (RequestFailed)
         if start_thread:
             threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
 
@@ -111,12 +120,35 @@ class BatchingEngine:
                     continue
                 try:
                     results = self._generate([r for r, _ in batch])
+                    self.last_success = time.monotonic()
                 except Exception as e:  # noqa: BLE001 - a bad batch fails its requests, not the engine
-                    for _, fut in batch:
-                        fut.set_exception(e)
+                    self._isolate(batch, e)
                     continue
             for (_, fut), res in zip(batch, results):
                 fut.set_result(res)
+
+    def _isolate(self, batch: list, error: Exception, healthy_s: float = 60.0) -> None:
+        """A batch failed: run each request alone, so one bad request costs only itself.
+        A request that fails alone is its own fault when the others worked (or the engine
+        served a batch within ``healthy_s``): RequestFailed.  If every one fails and the engine
+        has not worked lately, the engine is at fault: the original error, retryable."""
+        outcomes = []
+        for req, fut in batch:
+            try:
+                outcomes.append((fut, self._generate([req])[0], None))
+                self.last_success = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - judged below
+                outcomes.append((fut, None, e))
+        engine_works = any(e is None for _, _, e in outcomes) or \
+            time.monotonic() - self.last_success < healthy_s and self.last_success > 0
+        for fut, result, e in outcomes:
+            if e is None:
+                fut.set_result(result)
+            elif engine_works:
+                self.isolated += 1
+                fut.set_exception(RequestFailed(f"{type(e).__name__}: {e}"))
+            else:
+                fut.set_exception(error)
 
     def _apply_weights(self) -> None:
         if self._pending_weights is None:
@@ -190,6 +222,9 @@ class TransformersEngine(BatchingEngine):
                 if reqs[i].seed is not None else None for i, k in rows]
         out_ids: list[list[int]] = [[] for _ in rows]
         out_lp: list[list[float]] = [[] for _ in rows]
+        tops = [reqs[i].top_logprobs for i, _ in rows]
+        out_top: list[list] = [[] for _ in rows]
+        k_top = max(tops)
         finish: list[str | None] = [None] * B
         eos = set(self.eos_ids)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -202,11 +237,16 @@ class TransformersEngine(BatchingEngine):
             tokens = self._sample(logp, greedy, top_ps, gens)
             chosen = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()
             tok_list = tokens.tolist()
+            if k_top:
+                top_lp, top_ids = logp.topk(k_top, dim=-1)
+                top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
             for b in range(B):
                 if finish[b] is not None:
                     continue
                 out_ids[b].append(tok_list[b])
                 out_lp[b].append(chosen[b])
+                if tops[b]:
+                    out_top[b].append([[t, lp] for t, lp in zip(top_ids[b][:tops[b]], top_lp[b][:tops[b]])])
                 if tok_list[b] in eos or self._hit_stop(reqs[rows[b][0]].stop, out_ids[b]):
                     finish[b] = "stop"
                 elif len(out_ids[b]) >= limits[b]:
@@ -220,7 +260,8 @@ class TransformersEngine(BatchingEngine):
             next_pos = next_pos + 1
         results: list[list[GenResult]] = [[] for _ in reqs]
         for b, (i, _) in enumerate(rows):
-            results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", self.weight_version))
+            results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", self.weight_version,
+                                        out_top[b] if tops[b] else None))
         return results
 
     def _sample(self, logp: torch.Tensor, greedy: torch.Tensor, top_ps: list[float],

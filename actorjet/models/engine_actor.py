@@ -9,11 +9,13 @@ batches, so no request is ever dropped by a weight update.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 
 from aiohttp import web
 
 from actorjet.job import model_config_here
-from actorjet.models.engine import GenRequest
+from actorjet.models.engine import GenRequest, RequestFailed
 from actorjet.models.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -30,13 +32,24 @@ def make_engine(cfg: dict, seed: int):
                               max_batch=cfg["max_batch"], seed=seed)
 
 
-def engine_app(engine) -> web.Application:
+def engine_app(engine, token: str | None = None) -> web.Application:
+    """``token``: the cluster token every caller must send (the endpoint listens on the node's
+    network address); None only for in-process tests."""
     async def generate(request):
-        body = await request.json()
-        futures = [asyncio.wrap_future(engine.submit(GenRequest(**r))) for r in body["requests"]]
+        if token is not None and not hmac.compare_digest(request.headers.get("Authorization", "").encode(),
+                                                         f"Bearer {token}".encode()):
+            return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
+        try:
+            body = json.loads(await request.read())
+            reqs = [GenRequest(**r) for r in body["requests"]]
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+            return web.json_response({"error": {"message": f"malformed generate request: {e}"}}, status=400)
+        futures = [asyncio.wrap_future(engine.submit(r)) for r in reqs]
         answers = []
         for outcome in await asyncio.gather(*futures, return_exceptions=True):
-            if isinstance(outcome, BaseException):
+            if isinstance(outcome, RequestFailed):      # this request's own fault: a 400 at the gateway
+                answers.append({"error": str(outcome), "request_error": True})
+            elif isinstance(outcome, BaseException):
                 answers.append({"error": f"{type(outcome).__name__}: {outcome}"})
             else:
                 answers.append({"results": [r.__dict__ for r in outcome]})
@@ -60,7 +73,7 @@ class Engine(ManagedActor):
         if cfg["engine"] == "transformers":
             from actorjet.models import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
-        self.server = AppServer(engine_app(self.engine), name=f"engine.{self.model}")
+        self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"engine.{self.model}")
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
 
     def on_context(self) -> None:

@@ -21,9 +21,11 @@ from aiohttp import web
 
 from actorjet.models import keys
 from actorjet.models import openai_api as api
-from actorjet.models.engine import GenRequest, GenResult
+from actorjet.models.engine import GenRequest, GenResult, RequestFailed
 from actorjet.models.openai_api import ApiError
 from actorjet.models.records import CallRecord, CallStore
+from actorjet.rewards import bad_reward
+from actorjet.runtime.logs import log
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
@@ -52,6 +54,7 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model_info)
         app.router.add_get("/healthz", self.health)
         app.router.add_post("/v1/actorjet/episodes", self.open_episode)
         app.router.add_post("/v1/actorjet/episodes/{episode}/{verb}", self.end_episode)
@@ -73,6 +76,13 @@ class Gateway:
                 err = ApiError(e.status, e.reason or "request failed", code=str(e.status))
                 return web.json_response(err.body(), status=e.status)
             raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug of ours: still OpenAI-shaped, and logged
+            log.exception("gateway %s: %s %s failed", self.model, request.method, request.path)
+            err = ApiError(500, f"internal error ({type(e).__name__}); it is logged", kind="server_error",
+                           code="internal_error")
+            return web.json_response(err.body(), status=500)
 
     # -- helpers ------------------------------------------------------------------------
     def _episode(self, request) -> str:
@@ -97,12 +107,18 @@ class Gateway:
 
     async def _json(self, request) -> dict:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ApiError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         return body
+
+    def _role(self, request) -> str:
+        role = request.headers.get("X-ActorJet-Role", "default")
+        if not role or len(role) > 100:
+            raise ApiError(400, "the X-ActorJet-Role header must be 1 to 100 characters", "X-ActorJet-Role")
+        return role
 
     def _check_model(self, body: dict) -> None:
         name = body.get("model")
@@ -113,6 +129,8 @@ class Gateway:
                            f"{self.model!r}", "model", code="model_not_found")
 
     def _budget(self, prompt_ids: list[int], s: api.Sampling) -> int:
+        if not prompt_ids:
+            raise ApiError(400, "the prompt is empty (0 tokens after the chat template)", "messages")
         room = self.max_len - len(prompt_ids)
         if room <= 0:
             raise ApiError(400, f"the prompt is {len(prompt_ids)} tokens; this model's context is "
@@ -126,8 +144,11 @@ class Gateway:
 
     async def _generate(self, prompt_ids: list[int], s: api.Sampling, max_tokens: int) -> list[GenResult]:
         self.requests += 1
-        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n)
-        results = await self.backend(req)
+        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs)
+        try:
+            results = await self.backend(req)
+        except RequestFailed as e:     # failed alone while the engine works: this request's fault
+            raise ApiError(400, f"the engine could not serve this request: {e}", code="invalid_request") from None
         if results:
             self.weight_version = max(r.weight_version for r in results)
         return results
@@ -160,8 +181,7 @@ class Gateway:
             raise ApiError(400, f"the chat template rejected these messages: {e}", "messages") from None
         max_tokens = self._budget(prompt_ids, s)
         results = await self._generate(prompt_ids, s, max_tokens)
-        role = request.headers.get("X-ActorJet-Role", "default")
-        self._record(episode_id, role, prompt_ids, results, s, messages, tools)
+        self._record(episode_id, self._role(request), prompt_ids, results, s, messages, tools)
         choices = []
         for k, r in enumerate(results):
             content, calls = self._text(r, s.stop), []
@@ -171,16 +191,32 @@ class Gateway:
             if calls:
                 message["tool_calls"] = calls
             choice = {"index": k, "message": message, "finish_reason": "tool_calls" if calls else r.finish_reason,
-                      "logprobs": self._logprobs(r) if s.logprobs else None}
+                      "logprobs": self._logprobs(r, content or "") if s.logprobs else None}
             choices.append(choice)
         n_out = sum(len(r.completion_ids) for r in results)
         if s.stream:
             return await self._stream(request, choices, results, len(prompt_ids), n_out, s)
         return web.json_response(api.chat_response(self.model, choices, len(prompt_ids), n_out))
 
-    def _logprobs(self, r: GenResult) -> dict:
-        return {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
-                            for t, lp in zip(r.completion_ids, r.logprobs)]}
+    def _logprobs(self, r: GenResult, content: str) -> dict:
+        """OpenAI's shape: one entry per token of the answer, whose texts spell ``content``
+        (tokens decoded incrementally, so multi-byte characters split across tokens still add
+        up; tokens past a stop string or special ones contribute nothing and are left out),
+        each with its ``top_logprobs`` alternatives when asked for."""
+        entries, spelled = [], ""
+        for i, (t, lp) in enumerate(zip(r.completion_ids, r.logprobs)):
+            if len(spelled) >= len(content):
+                break
+            text = self.tokenizer.decode(r.completion_ids[:i + 1], skip_special_tokens=True)
+            piece = text[len(spelled):len(content)] if text.startswith(spelled) else ""
+            if not piece:
+                continue
+            spelled += piece
+            top = r.top_logprobs[i] if r.top_logprobs else []
+            entries.append({"token": piece, "logprob": lp, "bytes": list(piece.encode()),
+                            "top_logprobs": [{"token": (tt := self.tokenizer.decode([tid])), "logprob": tlp,
+                                              "bytes": list(tt.encode())} for tid, tlp in top]})
+        return {"content": entries}
 
     async def _stream(self, request, choices, results, n_prompt, n_out, s):
         """Replay the recorded answer as server-sent events, one token per chunk."""
@@ -225,7 +261,7 @@ class Gateway:
             raise ApiError(400, "stream is supported on /v1/chat/completions only", "stream")
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         results = await self._generate(prompt_ids, s, self._budget(prompt_ids, s))
-        self._record(episode_id, request.headers.get("X-ActorJet-Role", "default"), prompt_ids, results,
+        self._record(episode_id, self._role(request), prompt_ids, results,
                      s, [{"role": "prompt", "content": prompt}], None)
         n_out = sum(len(r.completion_ids) for r in results)
         return web.json_response({
@@ -240,6 +276,13 @@ class Gateway:
         return web.json_response({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": 0, "owned_by": "actorjet"}]})
 
+    async def model_info(self, request):
+        name = request.match_info["model"]
+        if name != self.model:
+            raise ApiError(404, f"the model {name!r} does not exist here; this gateway serves {self.model!r}",
+                           "model", code="model_not_found")
+        return web.json_response({"id": self.model, "object": "model", "created": 0, "owned_by": "actorjet"})
+
     async def health(self, request):
         return web.json_response({"ok": True, "model": self.model, "weight_version": self.weight_version,
                                   "open_episodes": self.store.open_episodes()})
@@ -248,6 +291,13 @@ class Gateway:
     async def open_episode(self, request):
         self._cluster(request)
         body = await self._json(request) if request.can_read_body else {}
+        group, size = body.get("group"), body.get("group_size", 1)
+        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 200):
+            raise ApiError(400, "'group' must be a string of 1 to 200 characters (or absent)", "group")
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024:
+            raise ApiError(400, "'group_size' must be an integer from 1 to 1024", "group_size")
+        if len(json.dumps(body.get("task"))) > 100_000:
+            raise ApiError(400, "'task' is over 100 kB of JSON", "task")
         episode_id = f"c{uuid.uuid4().hex[:16]}"
         key = keys.mint(self.secret, episode_id)
         self.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
@@ -263,17 +313,20 @@ class Gateway:
             raise ApiError(403, "this key belongs to another episode", kind="permission_error")
         body = await self._json(request) if request.can_read_body else {}
         reward = body.get("reward")
-        if verb == "end" and not isinstance(reward, (int, float, dict)):
-            raise ApiError(400, "'reward' must be a number or an object {model_or_role: number}", "reward")
-        self.outbox({"event": verb, "episode_id": episode_id, "reward": reward, "task": body.get("task"),
-                     "group": body.get("group")})
+        why = bad_reward(reward) if verb == "end" else ""
+        if why:      # NaN, infinity, a string, a nested object: refused here, never a poisoned batch
+            raise ApiError(400, f"'reward': {why.removeprefix('invalid reward: ')}; e.g. 1.0 or "
+                           "{\"proposer\": 1.0}", "reward")
+        self.outbox({"event": verb, "episode_id": episode_id, "reward": reward})
+        if verb == "abort":           # nothing will train on it: refuse its key, free its calls now
+            self.store.collect([episode_id], close=True, read=False)
         return web.json_response({"ok": True})
 
     async def collect(self, request):
         self._cluster(request)
         body = await self._json(request)
         episodes = body.get("episodes")
-        if not isinstance(episodes, list):
+        if not isinstance(episodes, list) or not all(isinstance(e, str) for e in episodes):
             raise ApiError(400, "'episodes' must be a list of episode ids", "episodes")
         if body.get("release"):          # the merger committed them to the ledger: forget them
             self.store.collect(episodes, close=True, read=False)

@@ -17,6 +17,7 @@ from thespian.actors import WakeupMessage
 from actorjet.job import model_config_here
 from actorjet.models.engine import GenRequest, GenResult
 from actorjet.models.gateway import EngineUnavailable, Gateway as GatewayApp
+from actorjet.models.openai_api import ApiError
 from actorjet.models.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -31,8 +32,9 @@ class HttpEngineBackend:
     load that is tens of LLM calls per round trip, which is most of the gateway's and the
     engine's CPU otherwise."""
 
-    def __init__(self):
+    def __init__(self, token: str | None = None):
         self.url: str | None = None
+        self.token = token
         self.session: aiohttp.ClientSession | None = None
         self._pending: list[tuple[GenRequest, asyncio.Future]] = []
 
@@ -59,6 +61,9 @@ class HttpEngineBackend:
                 continue
             if isinstance(answer, Exception):
                 future.set_exception(answer)
+            elif "error" in answer and answer.get("request_error"):
+                future.set_exception(ApiError(400, f"the engine could not serve this request: {answer['error']}",
+                                              code="invalid_request"))
             elif "error" in answer:
                 future.set_exception(EngineUnavailable(f"the engine failed: {answer['error']}"))
             else:
@@ -70,7 +75,8 @@ class HttpEngineBackend:
         if self.session is None:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         try:
-            async with self.session.post(self.url + "/generate", json={"requests": requests}) as resp:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            async with self.session.post(self.url + "/generate", json={"requests": requests}, headers=headers) as resp:
                 if resp.status != 200:
                     raise EngineUnavailable(f"engine answered {resp.status}")
                 return (await resp.json())["answers"]
@@ -86,7 +92,7 @@ class Gateway(ManagedActor):
         self.model = self.args["model"]
         cfg = model_config_here(job, self.model)
         tokenizer = AutoTokenizer.from_pretrained(cfg["path"])
-        self.backend = HttpEngineBackend()
+        self.backend = HttpEngineBackend(self.context["token"])
         self.events: queue.Queue = queue.Queue()
         self.base_urls: dict[str, str] = {}
         max_len = int(getattr(AutoConfig.from_pretrained(cfg["path"]), "max_position_embeddings", 2048))
@@ -111,6 +117,10 @@ class Gateway(ManagedActor):
         engine = msg.services.get(self.model, {}).get("engine")
         self.backend.url = engine["url"] if engine else None
         self.base_urls = {name: s["gateway"]["url"] for name, s in msg.services.items() if "gateway" in s}
+
+    def receiveMsg_CloseEpisodes(self, msg: m.CloseEpisodes, sender):
+        """Episodes that will never be trained: refuse their keys, free their calls."""
+        self.app.store.collect([e for e in msg.episode_ids if isinstance(e, str)], close=True, read=False)
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         while True:

@@ -11,6 +11,7 @@ stays global, so the split does not change the gradient.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,10 @@ def grpo_loss(model, batch: dict, cfg: GRPOConfig, n_terms: float, ref_model=Non
     return loss, info
 
 
+class BadBatch(ValueError):
+    """A batch the learner cannot train on; the step is skipped and its groups quarantined."""
+
+
 def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: int, ref_model=None) -> dict:
     """One optimizer step over all samples (each a packed sample dict)."""
     model.train()
@@ -150,6 +155,9 @@ def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: in
         for k in totals:
             totals[k] += info[k]
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    if not (math.isfinite(total) and math.isfinite(float(grad_norm))):
+        optimizer.zero_grad(set_to_none=True)      # never let one bad batch turn the weights into NaN
+        raise BadBatch(f"non-finite loss ({total}) or gradient norm ({float(grad_norm)}); weights unchanged")
     optimizer.step()
     return {"loss": total, "tokens": int(n_terms), "sequence_tokens": seq_tokens, "sequences": len(samples),
             "grad_norm": float(grad_norm), "clip_frac": totals["clipped"] / n_terms,

@@ -23,7 +23,7 @@ import torch
 from actorjet.job import model_config_here
 from actorjet.models.evaluate import eval_spec, greedy_accuracy
 from actorjet.models import exact_attention, threads
-from actorjet.models.grpo import GRPOConfig, grpo_step
+from actorjet.models.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -170,8 +170,13 @@ class Learner(ManagedActor):
                 samples.append(dict(s, terms=fresh))
         staleness = [self.version - t[4] for s in samples for t in s["terms"]]
         t_train = time.perf_counter()
-        info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
-            if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+        try:
+            info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
+                if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+        except (BadBatch, ValueError, IndexError, TypeError) as e:   # the data's fault, not the learner's
+            log.error("%s: batch %s cannot be trained (%s); its groups are quarantined", self.model_name, msg.url, e)
+            self.send(self.merger, m.Quarantine(self.model_name, list(msg.group_ids), f"learner: {type(e).__name__}: {e}"))
+            return
         t_publish = time.perf_counter()
         self.step += 1
         self.version += 1

@@ -32,7 +32,11 @@ class Sampling:
     seed: int | None = None
     stream: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0
     include_usage: bool = False
+
+
+MIN_TEMPERATURE = 1e-3     # below this, softmax(logits / t) overflows: sampled as greedy (t = 0)
 
 
 def _number(body: dict, name: str, default, lo, hi, integer=False):
@@ -46,6 +50,13 @@ def _number(body: dict, name: str, default, lo, hi, integer=False):
     return value
 
 
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, got {value!r}", name)
+    return bool(value)
+
+
 def parse_sampling(body: dict, max_n: int = 16) -> Sampling:
     s = Sampling()
     s.n = _number(body, "n", 1, 1, max_n, integer=True)
@@ -53,21 +64,29 @@ def parse_sampling(body: dict, max_n: int = 16) -> Sampling:
     if max_tokens is not None:
         s.max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, 1, 1_000_000, integer=True)
     s.temperature = float(_number(body, "temperature", 1.0, 0.0, 2.0))
+    if s.temperature < MIN_TEMPERATURE:
+        s.temperature = 0.0
     s.top_p = float(_number(body, "top_p", 1.0, 0.0, 1.0))
     if s.top_p == 0.0:
         raise ApiError(400, "'top_p' must be greater than 0", "top_p")
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop):
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and 0 < len(x) <= 200 for x in stop):
             raise ApiError(400, "'stop' must be a non-empty string or a list of up to 4 of them", "stop")
         s.stop = stop
     if body.get("seed") is not None:
         s.seed = _number(body, "seed", None, -(2 ** 63), 2 ** 63 - 1, integer=True)
-    s.stream = bool(body.get("stream", False))
-    s.logprobs = bool(body.get("logprobs", False))
-    opts = body.get("stream_options") or {}
-    s.include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    s.stream = _flag(body, "stream")
+    s.logprobs = _flag(body, "logprobs")
+    if body.get("top_logprobs") is not None:
+        s.top_logprobs = _number(body, "top_logprobs", 0, 0, 20, integer=True)
+        if s.top_logprobs and not s.logprobs:
+            raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    s.include_usage = _flag(opts or {}, "include_usage")
     return s
 
 
@@ -81,7 +100,9 @@ def parse_messages(body: dict) -> list[dict]:
                            f"messages[{i}].role")
         content = msg.get("content")
         if isinstance(content, list):      # content parts: keep the text ones
-            texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if not all(isinstance(t, str) for t in texts):
+                raise ApiError(400, f"messages[{i}].content: a text part needs a string 'text'", f"messages[{i}].content")
             msg["content"] = "".join(texts)
         elif content is None and not msg.get("tool_calls"):
             if msg["role"] != "assistant":

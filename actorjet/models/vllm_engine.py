@@ -40,17 +40,21 @@ class VLLMEngine(BatchingEngine):
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
         self.batches += 1
         params = [self.SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
-                                      stop=r.stop or None, seed=r.seed, logprobs=0) for r in reqs]
+                                      stop=r.stop or None, seed=r.seed, logprobs=r.top_logprobs)
+                  for r in reqs]
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in reqs]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
-        for out in outputs:
+        for req, out in zip(reqs, outputs):
             choices = []
             for c in out.outputs:
                 ids = list(c.token_ids)
-                lps = [step[t].logprob for step, t in zip(c.logprobs or [], ids)]
+                steps = c.logprobs or []
+                lps = [step[t].logprob for step, t in zip(steps, ids)]
+                top = [sorted(((tid, lp.logprob) for tid, lp in step.items()), key=lambda x: -x[1])[:req.top_logprobs]
+                       for step in steps] if req.top_logprobs else None
                 choices.append(GenResult(ids, lps, "length" if c.finish_reason == "length" else "stop",
-                                         self.weight_version))
+                                         self.weight_version, top))
             results.append(choices)
         return results
 

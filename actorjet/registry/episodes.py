@@ -5,8 +5,10 @@ retry, re-queue, finish) are in leases.py; upgrades and rollbacks in upgrades.py
 from __future__ import annotations
 
 import importlib
+import time
 
 from actorjet import metrics
+from actorjet.rewards import bad_reward
 from actorjet.registry import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.leases import LeaseDesk
@@ -65,6 +67,8 @@ class EpisodeDesk:
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
         self.runner_versions: dict[str, dict] = {}
         self.services: dict[str, dict] = {}
+        self.quarantined = 0                        # groups the merger took out of training, for good
+        self.quarantine_causes: dict[str, int] = {}
         self.subscribers: list = []
         self.client_groups: dict[str, list] = {}     # client-mode group → ended episodes
         self.client_open: dict[str, dict] = {}
@@ -189,6 +193,19 @@ class EpisodeDesk:
     def tick(self) -> None:
         self.upgrades.tick()
         self.leases.tick()
+        self._expire_client_episodes()
+
+    def _expire_client_episodes(self) -> None:
+        """A client-mode episode not ended within lease_timeout_s (its user crashed or forgot
+        it) is aborted and closed: its key stops working and its calls are freed."""
+        deadline = time.time() - self.leases.lease_timeout
+        expired = [e for e, ev in self.client_open.items() if ev["opened_at"] < deadline]
+        for episode_id in expired:
+            del self.client_open[episode_id]
+            self.leases.counts["in_flight"] -= 1
+            self.leases.counts["aborted"] += 1
+            self.leases.abort_causes["client expired"] = self.leases.abort_causes.get("client expired", 0) + 1
+        self.close_episodes(expired)
 
     # -- learners -----------------------------------------------------------------------
     def on_Metric(self, msg: m.Metric, sender):
@@ -212,19 +229,37 @@ class EpisodeDesk:
                                           "nodes_lost": self.registry.table.lost_count})
 
     # -- client mode ----------------------------------------------------------------------
+    def on_Quarantined(self, msg: m.Quarantined, sender):
+        self.quarantined += 1
+        key = msg.cause.split(":")[0][:80]
+        self.quarantine_causes[key] = self.quarantine_causes.get(key, 0) + 1
+
+    def close_episodes(self, episode_ids: list[str]) -> None:
+        """Episodes that will never be trained: every gateway refuses their keys and frees
+        their calls (records of a failed episode would otherwise stay in memory for good)."""
+        if not episode_ids:
+            return
+        for services in self.services.values():
+            gateway = services.get("gateway")
+            if gateway is not None and gateway.get("address") is not None:
+                self.registry.send(gateway["address"], m.CloseEpisodes(list(episode_ids)))
+
     def on_ClientEvent(self, msg: m.ClientEvent, sender):
         ev, counts = msg.event, self.leases.counts
         if ev["event"] == "open":
-            self.client_open[ev["episode_id"]] = ev
+            self.client_open[ev["episode_id"]] = dict(ev, opened_at=time.time())
             counts["in_flight"] += 1
             return
         opened = self.client_open.pop(ev["episode_id"], None)
         if opened is None:
             return
         counts["in_flight"] -= 1
-        if ev["event"] == "abort":
+        why = "client abort" if ev["event"] == "abort" else bad_reward(ev.get("reward"))
+        if why:           # (the gateway refused bad rewards already; this is the inner check)
             counts["aborted"] += 1
-            self.leases.abort_causes["client abort"] = self.leases.abort_causes.get("client abort", 0) + 1
+            key = why.split(":")[0]
+            self.leases.abort_causes[key] = self.leases.abort_causes.get(key, 0) + 1
+            self.close_episodes([ev["episode_id"]])
             return
         counts["completed"] += 1
         group_key = opened.get("group") or ev["episode_id"]
@@ -247,6 +282,7 @@ class EpisodeDesk:
                                  "aborted_by_cause": dict(self.leases.abort_by_task.get(name, {}))}
                           for name, t in self.task_table().items()},
                 "groups": {"finished": counts["groups_finished"], "dropped": counts["groups_dropped"],
+                           "quarantined": self.quarantined, "quarantined_by_cause": dict(self.quarantine_causes),
                            "dropped_by_cause": dict(self.leases.drop_causes),
                            "late_results_rejected": counts["late_results"], **self.leases.status()}}
 

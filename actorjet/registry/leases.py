@@ -21,6 +21,7 @@ import time
 from collections import deque
 
 from actorjet.models import keys
+from actorjet.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
@@ -131,15 +132,18 @@ class LeaseDesk:
         group = self.groups.get(lease["group_id"])
         if group is None:
             return
-        by_id = {r["episode_id"]: r for r in msg.results}
-        failed, cause = [], ""
+        by_id = {r["episode_id"]: r for r in msg.results if isinstance(r, dict)}
+        failed, cause, closed = [], "", []
         for k, episode in zip(lease["members"], lease["episodes"]):
             r = by_id.get(episode["episode_id"], {})
-            if r.get("error") or r.get("reward") is None:
+            why = r.get("error") or ("no result" if r.get("reward") is None else bad_reward(r["reward"]))
+            if why:
                 failed.append(k)
-                cause = _cause(r.get("error", "no result"))
+                closed.append(episode["episode_id"])
+                cause = _cause(why)
             else:
                 group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
+        self.desk.close_episodes(closed)
         if failed:
             self._failed(group, failed, cause[:120], retry=not cause.startswith("upgrade abort"))
         if group["group_id"] in self.groups and len(group["results"]) == self.group_size:
@@ -157,10 +161,13 @@ class LeaseDesk:
             self.retry.append((group["group_id"], members))
             return
         self.groups.pop(group["group_id"], None)
+        closed = [r["episode_id"] for r in group["results"].values()]   # finished, but never trained now
         for lease_id, lease in list(self.leases.items()):     # its other members are pointless now
             if lease["group_id"] == group["group_id"]:
                 del self.leases[lease_id]
                 self.counts["in_flight"] -= len(lease["members"])
+                closed += [e["episode_id"] for e in lease["episodes"]]
+        self.desk.close_episodes(closed)
         self.dropped += 1
         self.dropped_by_task[group["source"]] = self.dropped_by_task.get(group["source"], 0) + 1
         self.counts["groups_dropped"] += 1
@@ -210,6 +217,7 @@ class LeaseDesk:
         if lease is None:
             return
         self.counts["in_flight"] -= len(lease["members"])
+        self.desk.close_episodes([e["episode_id"] for e in lease["episodes"]])
         group = self.groups.get(lease["group_id"])
         if group is not None:
             self._failed(group, lease["members"], cause)
@@ -222,6 +230,7 @@ class LeaseDesk:
 def _cause(error: str) -> str:
     """The counter an episode's failure goes under (`actorjet status`: aborted_by_cause)."""
     for prefix, cause in (("upgrade abort", "upgrade abort"), ("timeout", "episode timeout"),
+                          ("invalid reward", "invalid reward"),
                           ("runner restarted", "runner restarted"), ("worker died", "task worker died")):
         if error.startswith(prefix):
             return f"{cause}: {error}"

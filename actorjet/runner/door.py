@@ -24,7 +24,6 @@ import base64
 import hmac
 import itertools
 import json
-import math
 import queue
 import time
 from datetime import timedelta
@@ -34,8 +33,10 @@ from thespian.actors import WakeupMessage
 
 from actorjet.models.openai_api import ApiError
 from actorjet.models.serve import AppServer
+from actorjet.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.logs import log
 
 POLL_S = 0.02
 ASK_TIMEOUT_S = 10.0
@@ -75,16 +76,11 @@ def check_results(body: dict) -> m.GroupResult:
         if error is not None and not isinstance(error, str):
             raise ApiError(400, f"results[{i}].error must be a string", "results")
         reward = r.get("reward")
-        if not (reward is None or _finite(reward) or (isinstance(reward, dict) and reward
-                                                      and all(isinstance(k, str) and _finite(v) for k, v in reward.items()))):
-            raise ApiError(400, f"results[{i}].reward must be a finite number, an object of finite numbers, "
-                           "or null (a failed episode)", "results")
+        why = bad_reward(reward) if reward is not None else ""
+        if why:
+            raise ApiError(400, f"results[{i}].reward: {why} (or null: a failed episode)", "results")
         clean.append({"episode_id": episode_id, "reward": reward, **({"error": error[:2000]} if error else {})})
     return m.GroupResult(f"outbound:{runner_id}", lease_id, clean)
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def payload_to_json(payload: dict) -> dict:
@@ -127,6 +123,14 @@ class Door(ManagedActor):
             return await handler(request)
         except ApiError as e:
             return web.json_response(e.body(), status=e.status)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            return web.json_response(ApiError(e.status, e.reason or "request failed").body(), status=e.status)
+        except Exception as e:  # noqa: BLE001 - a bug of ours: still JSON, and logged
+            log.exception("door: %s %s failed", request.method, request.path)
+            return web.json_response(ApiError(500, f"internal error ({type(e).__name__})", kind="server_error").body(),
+                                     status=500)
 
     async def _body(self, request) -> dict:
         auth = request.headers.get("Authorization", "")

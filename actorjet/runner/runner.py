@@ -21,6 +21,7 @@ import psutil
 from thespian.actors import WakeupMessage
 
 from actorjet.registry import behaviors
+from actorjet.rewards import bad_reward
 from actorjet.runner.llm import LLM
 from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
@@ -51,12 +52,13 @@ def run_episode(fn, task: dict, urls: dict, episode: dict) -> dict:
     """One episode; any exception stays inside it and is reported as the episode's error."""
     try:
         reward = fn(dict(task), LLM(urls, episode["api_key"], episode["episode_id"]))
-        if isinstance(reward, bool) or not isinstance(reward, (int, float, dict)):
-            raise TypeError(f"behavior returned {type(reward).__name__}; expected a number or a dict")
-        return {"episode_id": episode["episode_id"], "reward": reward}
     except Exception as e:  # noqa: BLE001 - agent code may fail in any way
         return {"episode_id": episode["episode_id"], "reward": None,
                 "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=-8)}
+    why = bad_reward(reward)       # NaN, a string, a nested dict: a failed episode, never a poisoned batch
+    if why:
+        return {"episode_id": episode["episode_id"], "reward": None, "error": f"{why} (returned by the behavior)"}
+    return {"episode_id": episode["episode_id"], "reward": reward}
 
 
 class AgentRunner(ManagedActor):

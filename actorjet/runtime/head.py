@@ -7,6 +7,7 @@ epoch, which makes members stop the orphaned runners of the previous head.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -131,14 +132,24 @@ class Head:
         return self.asys.listen(timeout_s)
 
     def stop(self) -> None:
+        """Stop the tree, then the actor system; whatever of it is still running 10 s later
+        (thespian gives up on an admin that does not answer its shutdown) is killed, so a
+        head never leaves a daemonized system behind on its port."""
         if self.asys is None:
             return
+        procs = system.system_processes(self.port)
         try:
             if self.root is not None:
                 self.asys.ask(self.root, m.StopTree(), 10)
         finally:
             self.asys.shutdown()
             self.asys = None
+            _, alive = psutil.wait_procs([p for p in procs if p.pid != os.getpid()], timeout=10)
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            if alive:
+                self.notes.append(f"killed {len(alive)} actor processes that did not stop")
 
     # -- asking the tree ---------------------------------------------------------------
     def lookup(self, path: str, timeout_s: float = 5.0):

@@ -283,10 +283,33 @@ class Rewound:
 
 
 @dataclass
+class Quarantine:
+    """Learner → merger: it could not train on these groups (the step failed on them)."""
+    model: str
+    group_ids: list
+    cause: str
+
+
+@dataclass
+class Quarantined:
+    """Merger → registry: a group left training for good (counted in status and metrics)."""
+    model: str
+    group_id: str
+    cause: str
+
+
+@dataclass
 class Metric:
     """Learner → registry: one metrics.jsonl record (train step or eval).  The registry writes
     the run's metrics.jsonl on the head, wherever the learner runs."""
     record: dict
+
+
+@dataclass
+class CloseEpisodes:
+    """Registry → gateways: these episodes ended without being trained (failed, aborted,
+    expired, or their group was dropped): refuse their keys, free their recorded calls."""
+    episode_ids: list
 
 
 @dataclass

@@ -1,0 +1,38 @@
+"""What a reward may be, checked wherever one enters: the gateway (client mode), the door
+(outbound nodes), the runner (a behavior's return value) and the registry (runner results).
+
+A reward is a finite number, or an object naming models or roles with finite numbers
+(``{"proposer": 1.0, "verifier": 0.0}``).  Anything else — NaN, infinity, a string, a
+nested object, a boolean — would reach the advantage computation and poison a whole
+batch, so it is refused at the edge with the reason below.
+"""
+from __future__ import annotations
+
+import math
+
+MAX_KEYS = 64
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def bad_reward(reward) -> str:
+    """'' for a valid reward, else why not (one line, starting with 'invalid reward')."""
+    if _finite(reward):
+        return ""
+    if isinstance(reward, dict):
+        if not reward or len(reward) > MAX_KEYS:
+            return f"invalid reward: an object of 1 to {MAX_KEYS} model or role names"
+        for key, value in reward.items():
+            if not isinstance(key, str) or not key or len(key) > 200:
+                return "invalid reward: object keys must be model or role names"
+            if not _finite(value):
+                return f"invalid reward: {key!r} must be a finite number, got {_show(value)}"
+        return ""
+    return f"invalid reward: must be a finite number or an object of them, got {_show(reward)}"
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
