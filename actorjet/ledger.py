@@ -84,7 +84,7 @@ class Ledger:
     def pending(self, model: str, limit: int, task: str | None = None, skip: tuple = ()) -> list[dict]:
         """The oldest pending groups (of one task if given, leaving out ``skip``)."""
         query = ("SELECT group_id, task_name, behavior, version, rewards, calls FROM groups "
-                 "WHERE model = ? AND trained_step IS NULL AND batch IS NULL")
+                 "WHERE model = ? AND trained_step IS NULL AND batch IS NULL AND quarantine IS NULL")
         args: list = [model]
         if task is not None:
             query += " AND task_name = ?"

@@ -32,7 +32,15 @@ def test_ledger_accounts_for_every_group_through_crashes(tmp_path):
     assert ledger.claim("policy", ["g4"], step=3)
     # the learner restarts from its checkpoint at step 1: steps 2 and 3 are trained again
     assert ledger.rewind("policy", 1) == 3
-    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "pending": 3}
+    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "quarantined": 0, "pending": 3}
+    # a group that cannot be trained leaves for good, with its cause; a batch holding it is refused
+    ledger.quarantine("policy", "g4", "invalid reward: 'high'", '{"g4.0": "high"}')
+    assert [g["group_id"] for g in ledger.pending("policy", 10)] == ["g2", "g3"]
+    assert not ledger.claim("policy", ["g3", "g4"], step=2)
+    assert ledger.release() == 0                                    # release never brings it back
+    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "quarantined": 1, "pending": 2}
+    assert ledger.quarantined() == [{"group_id": "g4", "model": "policy", "cause": "invalid reward: 'high'",
+                                     "sample": '{"g4.0": "high"}'}]
 
 
 class FakeRegistry:
@@ -51,10 +59,27 @@ def desk(group_size=2, retries=1, timeout=60.0):
                              weight=1.0, state="active", issued=0)
     registry = FakeRegistry()
     d = SimpleNamespace(registry=registry, token="k", sources=[source],
-                        services={"": {"merger": {"address": "merger"}}})
+                        services={"": {"merger": {"address": "merger"}}}, closed=[])
+    d.close_episodes = d.closed.extend          # episodes the gateways must close
     train = {"group_size": group_size, "groups_per_step": 2, "max_staleness": 1, "lease_timeout_s": timeout,
              "episode_retries": retries}
     return LeaseDesk(d, train), registry
+
+
+def test_failed_expired_and_badly_rewarded_episodes_are_closed_at_the_gateways():
+    leases, _ = desk(group_size=2, retries=1, timeout=60.0)
+    (lease,) = leases.lease("r", 1, {}, {"policy": "u"})
+    nan_reward = m.GroupResult("r", lease["lease_id"], [{"episode_id": lease["episodes"][0]["episode_id"], "reward": 1.0},
+                                                        {"episode_id": lease["episodes"][1]["episode_id"],
+                                                         "reward": float("nan")}])
+    leases.on_result(nan_reward)
+    assert leases.desk.closed == [lease["episodes"][1]["episode_id"]]          # the bad one only, for now
+    assert leases.abort_causes == {"invalid reward": 1}
+    (retry,) = leases.lease("r", 1, {}, {"policy": "u"})                       # its member runs again...
+    leases.lost({"r"}, "runner died")                                          # ...and its runner dies
+    closed = set(leases.desk.closed)
+    assert retry["episodes"][0]["episode_id"] in closed
+    assert lease["episodes"][0]["episode_id"] in closed        # the group is dropped: its finished member too
 
 
 def result(lease, ok=lambda k: True):

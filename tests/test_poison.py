@@ -151,7 +151,7 @@ def test_a_batch_poisoning_request_fails_alone_with_a_400(engine):
     prompt = engine.tokenizer("12+30=", add_special_tokens=False)["input_ids"]
 
     async def run():
-        reqs = [GenRequest(prompt, 4, 1.0, seed=i) for i in range(16)] + [GenRequest(prompt, 4, 1e-30)]
+        reqs = [GenRequest(prompt, 4, 1.0, seed=i) for i in range(16)] + [GenRequest(prompt, 4, 1e-38)]
         outcomes = await asyncio.gather(*(backend(r) for r in reqs), return_exceptions=True)
         await backend.session.close()
         return outcomes
@@ -169,7 +169,7 @@ def test_the_engine_blames_itself_when_nothing_works(engine):
     """If every request fails alone and the engine has not worked lately, the error stays
     the engine's (a retryable 503 at the gateway), not the requests'."""
     from concurrent.futures import Future
-    futures = [(GenRequest([], 4), Future()) for _ in range(3)]        # empty prompts fail in any engine
+    futures = [(GenRequest([5, 6], 4, 1e-38), Future()) for _ in range(3)]     # sampling fails for each
     saved, engine.last_success = engine.last_success, 0.0
     try:
         engine._isolate(futures, RuntimeError("batch failed"))
