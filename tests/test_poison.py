@@ -86,7 +86,7 @@ def _check(status, body):
         assert set(body["error"]) >= {"message", "type", "param", "code"}, body
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(path=st.sampled_from(PATHS), body=bodies, raw=st.none() | raw_bodies, auth=st.sampled_from(["episode", "cluster", "junk"]))
 def test_any_body_gets_json_4xx_or_success_never_5xx(served, path, body, raw, auth):

@@ -250,10 +250,16 @@ class Merger(ManagedActor):
         for model in self.trainable:
             if "learner" not in self.services.get(model, {}):
                 continue
+            seen: set[tuple] = set()
             while True:
                 groups = self._compose(model)
                 if not groups:
                     break
+                ids = tuple(g["group_id"] for g in groups)
+                if ids in seen:            # never spin on a batch that does not go away
+                    log.error("merger: batch %s of %s came back unchanged; waiting for the next tick", ids, model)
+                    break
+                seen.add(ids)
                 self._flush(model, groups)
 
     def _compose(self, model: str) -> list[dict] | None:
