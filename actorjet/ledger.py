@@ -154,12 +154,15 @@ class Ledger:
 
     # -- accounting -----------------------------------------------------------------------
     def counts(self) -> dict[str, dict[str, int]]:
-        """Per model: groups finished (stored), trained, pending, and distinct trained steps."""
+        """Per model: groups finished (stored), trained, quarantined and pending, and the
+        episodes in trained groups (what `status` reports as episodes.trained)."""
         out = {}
-        for model, stored, trained, bad in self.db.execute(
-                "SELECT model, COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups GROUP BY model"):
+        for model, stored, trained, bad, episodes in self.db.execute(
+                "SELECT model, COUNT(*), COUNT(trained_step), COUNT(quarantine), "
+                "COALESCE(SUM(CASE WHEN trained_step IS NOT NULL THEN "
+                "(SELECT COUNT(*) FROM json_each(rewards)) END), 0) FROM groups GROUP BY model"):
             out[model] = {"finished": stored, "trained": trained, "quarantined": bad,
-                          "pending": stored - trained - bad}
+                          "pending": stored - trained - bad, "episodes_trained": episodes}
         return out
 
 

@@ -26,14 +26,14 @@ def _rate(name: str, default: float) -> float:
 
 
 def behavior(task: dict, llm) -> float:
+    """One roll picks at most one fault; a hang is followed by the ordinary episode."""
+    raise_p, hang_p, exit_p = _rate("AJ_FLAKY_RAISE", 0.05), _rate("AJ_FLAKY_HANG", 0.02), _rate("AJ_FLAKY_EXIT", 0.0)
     roll = random.random()
-    if roll < _rate("AJ_FLAKY_RAISE", 0.05):
+    if roll < raise_p:
         raise ConnectionError("environment crashed (injected)")
-    roll -= _rate("AJ_FLAKY_RAISE", 0.05)
-    if roll < _rate("AJ_FLAKY_HANG", 0.02):
+    elif roll < raise_p + hang_p:
         time.sleep(_rate("AJ_FLAKY_HANG_S", 30.0))
-    roll -= _rate("AJ_FLAKY_HANG", 0.02)
-    if roll < _rate("AJ_FLAKY_EXIT", 0.0):
+    elif roll < raise_p + hang_p + exit_p:
         os._exit(17)
     if _rate("AJ_FLAKY_LEAK_MB", 0.0):
         _LEAKED.append(b"\x01" * int(_rate("AJ_FLAKY_LEAK_MB", 0.0) * 2**20))   # touched: resident

@@ -21,6 +21,18 @@ def swarm(tmp_path):
         s.cleanup()
 
 
+@pytest.fixture(autouse=True)
+def no_silent_thread_deaths(tmp_path):
+    """Fail any test whose logs show a thread that died of an uncaught exception outside the
+    guarded helper (actorjet/runtime/guarded.py): such a thread dies silently in production."""
+    yield
+    for log in tmp_path.rglob("actors.log"):
+        text = log.read_text(errors="replace")
+        if "uncaught exception in thread" in text:
+            line = next(x for x in text.splitlines() if "uncaught exception in thread" in x)
+            pytest.fail(f"{log}: {line}")
+
+
 @pytest.fixture
 def trees():
     return TREES

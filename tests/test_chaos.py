@@ -88,6 +88,10 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, network
     assert finished == data["groups"]["finished"]
     assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
     episode_ids = [e for (rewards,) in db.execute("SELECT rewards FROM groups") for e in json.loads(rewards)]
+    # the counters in status agree with the ledger (a rewound group is not counted twice)
+    (trained_episodes,) = db.execute("SELECT COUNT(*) FROM groups, json_each(groups.rewards) "
+                                     "WHERE trained_step IS NOT NULL").fetchone()
+    assert data["episodes"]["trained"] == trained_episodes <= data["episodes"]["completed"]
     assert len(episode_ids) == len(set(episode_ids)) == finished * 8       # whole groups, no duplicates
     logged = [json.loads(line)["group_id"] for line in (run / "groups.jsonl").read_text().splitlines()]
     assert len(logged) == len(set(logged)) == finished

@@ -22,11 +22,11 @@ def test_a_restarted_service_keeps_its_port_and_advertises_the_reachable_address
     monkeypatch.setenv(endpoints.BIND_ENV, "127.0.0.1")              # bind here,
     monkeypatch.setenv(endpoints.ADVERTISE_ENV, "192.0.2.7")         # advertise that
     monkeypatch.setenv(endpoints.NODE_DIR_ENV, str(tmp_path))
-    first = AppServer(_app(), name="gateway.policy")
+    first = AppServer(_app(), name="gateway.policy", crash_on_thread_death=False)
     port = first.port
     assert first.host == "127.0.0.1" and first.url == f"http://192.0.2.7:{port}"
     first.stop()
-    again = AppServer(_app(), name="gateway.policy")             # a restart: the same URL
+    again = AppServer(_app(), name="gateway.policy", crash_on_thread_death=False)    # a restart: the same URL
     assert again.port == port
     again.stop()
 
@@ -35,7 +35,7 @@ def test_a_restarted_service_keeps_its_port_and_advertises_the_reachable_address
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
         with caplog.at_level(logging.WARNING, logger="actorjet"):
-            moved = AppServer(_app(), name="gateway.policy")
+            moved = AppServer(_app(), name="gateway.policy", crash_on_thread_death=False)
         assert moved.port != port
         assert f"port {port}" in caplog.text and "URL changed" in caplog.text
         moved.stop()

@@ -32,13 +32,15 @@ def test_ledger_accounts_for_every_group_through_crashes(tmp_path):
     assert ledger.claim("policy", ["g4"], step=3)
     # the learner restarts from its checkpoint at step 1: steps 2 and 3 are trained again
     assert ledger.rewind("policy", 1) == 3
-    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "quarantined": 0, "pending": 3}
+    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "quarantined": 0, "pending": 3,
+                                         "episodes_trained": 4}
     # a group that cannot be trained leaves for good, with its cause; a batch holding it is refused
     ledger.quarantine("policy", "g4", "invalid reward: 'high'", '{"g4.0": "high"}')
     assert [g["group_id"] for g in ledger.pending("policy", 10)] == ["g2", "g3"]
     assert not ledger.claim("policy", ["g3", "g4"], step=2)
     assert ledger.release() == 0                                    # release never brings it back
-    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "quarantined": 1, "pending": 2}
+    assert ledger.counts()["policy"] == {"finished": 5, "trained": 2, "quarantined": 1, "pending": 2,
+                                         "episodes_trained": 4}
     assert ledger.quarantined() == [{"group_id": "g4", "model": "policy", "cause": "invalid reward: 'high'",
                                      "sample": '{"g4.0": "high"}'}]
 

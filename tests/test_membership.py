@@ -144,6 +144,7 @@ def test_stale_system_of_a_crashed_head_is_cleaned_up_then_stop_works(swarm, tmp
     from swarm import Proc
     stop = Proc(["stop", "--run-dir", str(run)], swarm.env)
     assert stop.wait_exit(60) == 0, stop.output
+    assert f"stopped the head (pid {head2.popen.pid})" in stop.output, stop.output      # says what it stopped
     assert head2.wait_exit(30) == 0
     wait_until(lambda: not system.system_processes(port), 15, what="head system gone after stop")
 

@@ -91,6 +91,8 @@ def test_network_cut_replaces_work_and_restore_rejoins(swarm, tmp_path, trees, i
     wait_until(lambda: "mainland" in nodes(port), 10, what="mainland admitted")
 
     _ip("link", "set", island["host_if"], "down")                      # cut
+    import time
+    time.sleep(6)                                                      # longer than the node's SILENCE_S
     wait_until(lambda: runner_node(port) == "mainland", 10, what="work re-placed on mainland")
     assert not nodes(port)["island"]["alive"]
 
@@ -99,4 +101,6 @@ def test_network_cut_replaces_work_and_restore_rejoins(swarm, tmp_path, trees, i
     log = tmp_path / "home" / "nodes" / "island" / "logs" / "actors.log"
     wait_until(lambda: "stopping orphan runner runner-0" in log.read_text(), 15,
                what="island to stop its stale runner")
+    text = log.read_text()                # the node says what happened, in its own log
+    assert "no heartbeat from the head" in text and "re-admitted by the head" in text
     assert runner_node(port) == "mainland"                             # exactly one runner

@@ -83,7 +83,7 @@ def test_cli_help_lists_every_verb():
     ("nosuchmodule", None, "task 'bad': cannot import its code: ModuleNotFoundError"),
     ("lockedagent", "import threading\nLOCAL = threading.local()\n\ndef tasks(seed):\n    while True:\n"
                     "        yield {}\n\ndef behavior(task, llm):\n    LOCAL.x = 1\n    return 1.0\n",
-     "lockedagent.behavior cannot be shipped to runners: cannot pickle '_thread._local' object"),
+     "lockedagent.py: behavior cannot be shipped to runners: module-level LOCAL (_local) cannot be pickled"),
     ("nofunction", "def tasks(seed):\n    yield {}\n", "nofunction has no function 'behavior'"),
 ])
 def test_cli_checks_task_code_before_starting(tmp_path, module, behavior_code, message):

@@ -45,7 +45,6 @@ def add_upgrade(sub) -> None:
                    help="episodes in flight on the old code: finish them (default) or abort them")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the canary and "
                    "for all runners (default %(default)s)")
-    p.add_argument("--token", default=None, help="cluster token (default: read from --run-dir/head.json)")
     add_head_options(p)
     p.set_defaults(func=cmd_upgrade)
 

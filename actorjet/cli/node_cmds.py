@@ -202,17 +202,19 @@ def cmd_stop(args) -> int:
     from actorjet.runtime import system
 
     head_file = Path(args.run_dir) / "head.json"
-    port = args.port
+    port, stopped_head = args.port, False
     if head_file.exists() and port is None:
         info = _read_json(head_file, "")
         port = info["port"]
         if info.get("head_pid") and psutil.pid_exists(info["head_pid"]):
-            _terminate(info["head_pid"], "head process")
+            _terminate(info["head_pid"], "head process")      # it stops its own actor system
+            stopped_head = True
+            _say(f"stopped the head (pid {info['head_pid']}) of {args.run_dir} on port {port}")
     if port is None:
         raise UserError(f"no head.json in {args.run_dir}; pass --run-dir or --port")
     if system.shutdown_system(port):
-        _say(f"stopped the actor system on port {port}")
-    else:
+        _say(f"stopped {'what was left of ' if stopped_head else ''}the actor system on port {port}")
+    elif not stopped_head:
         _say(f"nothing is running on port {port}")
     return 0
 
@@ -241,9 +243,11 @@ def cmd_status(args) -> int:
 # -- helpers ---------------------------------------------------------------------------
 
 def add_head_options(p) -> None:
-    """--head / --run-dir: how a command finds a head running on this machine."""
+    """--head / --token / --run-dir: how every command that talks to a head finds it, the same way."""
     p.add_argument("--head", default=None, help="HOST:PORT of a head running on this machine "
                    "(default: from --run-dir, else 127.0.0.1:1900)")
+    p.add_argument("--token", default=None, help="cluster token, where the command needs it "
+                   "(default: read from --run-dir/head.json)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="the head's run directory (default %(default)s)")
 
 

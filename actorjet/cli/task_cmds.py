@@ -6,10 +6,10 @@ from actorjet.runtime import messages as m
 
 EXAMPLES = """\
 examples:
-  actorjet task add countdown --source agents.countdown --behavior agents.countdown:behavior --weight 0.5
-  actorjet task pause countdown        no new groups; the ones in flight finish and train
-  actorjet task resume countdown
-  actorjet task remove countdown
+  actorjet task add terse --source agents.arithmetic --behavior agents.arithmetic_v2:behavior --weight 0.5
+  actorjet task pause terse            no new groups; the ones in flight finish and train
+  actorjet task resume terse
+  actorjet task remove terse
 The source module must be importable on the head; the behavior is shipped to the nodes.
 """
 

@@ -176,6 +176,7 @@ class Merger(ManagedActor):
             log.warning("merger: batch %s of %s skipped: some of its groups were trained already", msg.url, msg.model)
             (self.out_dir / msg.url.rpartition("/")[2]).unlink(missing_ok=True)
         self.send(sender, m.Claimed(msg.url, ok))
+        self.send(self.registry, m.LedgerCounts(self.ledger.counts()))
 
     def receiveMsg_Rewind(self, msg: m.Rewind, sender):
         """A (re)started learner: groups trained after its checkpoint were lost with the weights
@@ -184,6 +185,7 @@ class Merger(ManagedActor):
         if groups:
             log.info("merger: %s restarts at step %d; %d groups are pending again", msg.model, msg.step, groups)
         self.send(sender, m.Rewound(msg.model, groups))
+        self.send(self.registry, m.LedgerCounts(self.ledger.counts()))
         self._flush_ready()
 
     def receiveMsg_Quarantine(self, msg: m.Quarantine, sender):

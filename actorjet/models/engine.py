@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from actorjet.runtime import guarded
+from actorjet.runtime.logs import log
+
 
 @dataclass
 class GenRequest:
@@ -58,7 +61,7 @@ class BatchingEngine:
     Subclasses implement ``_generate(reqs)`` and ``_load(path)``."""
 
     def _start_batching(self, max_batch: int, window_s: float, start_thread: bool,
-                        max_wait_s: float = 0.05) -> None:
+                        max_wait_s: float = 0.05, crash_on_thread_death: bool = False) -> None:
         self.max_batch, self.window_s, self.max_wait_s = max_batch, window_s, max_wait_s
         self.weight_version = 0
         self._pending_weights: tuple[int, str] | None = None
@@ -68,8 +71,8 @@ class BatchingEngine:
         self.batches = 0
         self.last_success = 0.0          # monotonic time of the last batch that worked
         self.isolated = 0                # requests that failed alone (RequestFailed)
-        if start_thread:
-            threading.Thread(target=self._loop, name="engine-batcher", daemon=True).start()
+        if start_thread:       # a batcher that dies takes the engine actor with it (restarted)
+            guarded.start(self._loop, "engine-batcher", crash_process=crash_on_thread_death)
 
     # -- public -------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> Future:
@@ -95,10 +98,26 @@ class BatchingEngine:
         self._closed = True
         self._queue.put(None)
 
+    def stall_thread(self, seconds: float) -> None:
+        """Test hook: the batcher thread sleeps ``seconds`` at its next turn (a hang)."""
+        self._queue.put(("stall", seconds))
+
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def crash_thread(self, error: str) -> None:
+        """Test hook: the batcher thread raises ``error`` at its next turn."""
+        self._queue.put(RuntimeError(error))
+
     # -- batching thread ----------------------------------------------------------------
     def _loop(self) -> None:
         while not self._closed:
             item = self._queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if isinstance(item, tuple) and item and item[0] == "stall":
+                time.sleep(item[1])
+                continue
             batch = [item] if item is not None else []
             # Dynamic batching: keep collecting while requests keep coming (each within
             # window_s of the last), for at most max_wait_s: a burst from many agents lands
@@ -111,6 +130,8 @@ class BatchingEngine:
                     item = self._queue.get(timeout=max(0.0, timeout))
                 except queue.Empty:
                     break
+                if isinstance(item, Exception):
+                    raise item
                 if item is not None:
                     batch.append(item)
                     size += item[0].n
@@ -151,10 +172,23 @@ class BatchingEngine:
                 fut.set_exception(error)
 
     def _apply_weights(self) -> None:
+        """Load the newest announced weights.  A file that is gone already (a restarted
+        learner cleaned up, or published newer ones meanwhile) is a logged, recovered event:
+        the newest version in the same directory is loaded instead (learner and engine of a
+        model share a node), and if there is none the current weights stay."""
         if self._pending_weights is None:
             return
         version, path = self._pending_weights
         self._pending_weights = None
+        if not Path(path).exists():
+            newest = max(Path(path).parent.glob("v*.safetensors"), default=None)
+            log.warning("engine: weights %s are gone; %s", path,
+                        f"loading {newest.name} instead" if newest else "keeping version %d" % self.weight_version)
+            if newest is None:
+                return
+            path, version = str(newest), int(newest.stem[1:])
+            if version <= self.weight_version:
+                return
         self._load(path)
         self.weight_version = version
 
@@ -169,7 +203,7 @@ class BatchingEngine:
 class TransformersEngine(BatchingEngine):
     def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
-                 model=None, tokenizer=None, start_thread: bool = True):
+                 model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False):
         """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
         evaluates its own weights this way, with ``start_thread=False``)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -186,7 +220,7 @@ class TransformersEngine(BatchingEngine):
         # transformers renamed `past_key_values` to `cache` in 5.x; support both.
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._start_batching(max_batch, window_s, start_thread)
+        self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from datetime import timedelta
 
 from aiohttp import web
+from thespian.actors import WakeupMessage
 
 from actorjet.job import model_config_here
 from actorjet.models.engine import GenRequest, RequestFailed
@@ -21,15 +23,18 @@ from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 
 
+PROGRESS_S = 1.0
+
+
 def make_engine(cfg: dict, seed: int):
     """The engine a model config asks for; vLLM is imported only when asked for."""
     if cfg["engine"] == "vllm":
         from actorjet.models.vllm_engine import VLLMEngine
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
-                          seed=seed, max_batch=cfg["max_batch"])
+                          seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True)
     from actorjet.models.engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
-                              max_batch=cfg["max_batch"], seed=seed)
+                              max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True)
 
 
 def engine_app(engine, token: str | None = None) -> web.Application:
@@ -74,10 +79,26 @@ class Engine(ManagedActor):
             from actorjet.models import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
         self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"engine.{self.model}")
+        self.wakeupAfter(timedelta(seconds=PROGRESS_S))
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
 
     def on_context(self) -> None:
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
+
+    def receiveMsg_Crash(self, msg: m.Crash, sender):
+        if msg.thread:
+            self.engine.crash_thread(msg.error)
+        else:
+            super().receiveMsg_Crash(msg, sender)
+
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
+        """Progress for the registry's watchdog: batches done, requests waiting."""
+        if self.registry is not None:
+            self.send(self.registry, m.Progress(self.model, "engine", self.engine.batches, self.engine.waiting()))
+        self.wakeupAfter(timedelta(seconds=PROGRESS_S))
+
+    def receiveMsg_Stall(self, msg: m.Stall, sender):
+        self.engine.stall_thread(msg.seconds)
 
     def receiveMsg_LoadWeights(self, msg: m.LoadWeights, sender):
         self.engine.load_weights(msg.version, msg.path)

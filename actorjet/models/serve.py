@@ -14,11 +14,15 @@ import threading
 
 from aiohttp import web
 
-from actorjet.runtime import endpoints
+from actorjet.runtime import endpoints, guarded
 
 
 class AppServer:
-    def __init__(self, app: web.Application, name: str = "", host: str | None = None, port: int = 0):
+    def __init__(self, app: web.Application, name: str = "", host: str | None = None, port: int = 0,
+                 crash_on_thread_death: bool | None = None):
+        """``name``: one of this node's services (the actors' servers; its thread dying takes
+        the actor with it unless ``crash_on_thread_death`` says otherwise); no name: a plain
+        server on ``host`` (tests)."""
         self.app, self.name = app, name
         self.host = host or endpoints.bind_host()
         self.wanted = port or (endpoints.remembered_port(name) if name else 0)
@@ -26,8 +30,8 @@ class AppServer:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"http-{name or 'server'}", daemon=True)
-        self._thread.start()
+        crash = bool(name) if crash_on_thread_death is None else crash_on_thread_death
+        self._thread = guarded.start(self._run, f"http-{name or 'server'}", crash_process=crash)
         self._ready.wait(30)
         if self._error is not None:
             raise self._error

@@ -21,7 +21,8 @@ def _load_on_worker(worker, path: str) -> None:
 
 class VLLMEngine(BatchingEngine):
     def __init__(self, model_dir: str, dtype: str = "bfloat16", seed: int = 0, max_batch: int = 1024,
-                 window_s: float = 0.004, gpu_memory_utilization: float = 0.6, start_thread: bool = True):
+                 window_s: float = 0.004, gpu_memory_utilization: float = 0.6, start_thread: bool = True,
+                 crash_on_thread_death: bool = False):
         try:
             from vllm import LLM, SamplingParams
         except ImportError as e:
@@ -35,7 +36,7 @@ class VLLMEngine(BatchingEngine):
         except TypeError:
             self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self._start_batching(max_batch, window_s, start_thread)
+        self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
 
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
         self.batches += 1

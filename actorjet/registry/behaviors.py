@@ -28,15 +28,39 @@ def pickle_function(module, fn) -> bytes:
     """The function with its module pickled by value, so nodes need not have the file.
 
     Module-level objects the function reaches travel with it; a lock, thread-local, socket
-    or open file cannot, and that is the user's to fix, so say which and how."""
+    or open file cannot, and that is the user's to fix, so say which variable, in which file,
+    and how."""
     cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(fn)
     except Exception as e:  # noqa: BLE001 - pickling fails with TypeError, PicklingError, ...
+        where = getattr(module, "__file__", None) or module.__name__
+        culprits = _unpicklable_globals(fn)
+        what = (", ".join(f"{name} ({type(value).__name__})" for name, value in culprits) if culprits
+                else f"something it uses ({e})")
         raise Unshippable(
-            f"{module.__name__}.{getattr(fn, '__name__', fn)} cannot be shipped to runners: {e}. "
-            "Module-level objects it uses travel with it; create locks, thread-locals, "
-            "connections and files inside the function (or lazily in an imported package)") from None
+            f"{where}: {getattr(fn, '__name__', fn)} cannot be shipped to runners: module-level {what} "
+            "cannot be pickled. Module-level objects a behavior uses travel with it; create locks, "
+            "thread-locals, connections and files inside the function (or lazily in an imported package)") from None
+
+
+def _unpicklable_globals(fn) -> list[tuple[str, object]]:
+    """The module-level names ``fn`` uses whose values cannot be pickled."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    names = set(code.co_names)
+    for const in code.co_consts:           # names used by nested functions and lambdas
+        if hasattr(const, "co_names"):
+            names |= set(const.co_names)
+    bad = []
+    for name in sorted(names):
+        if name in fn.__globals__:
+            try:
+                cloudpickle.dumps(fn.__globals__[name])
+            except Exception:  # noqa: BLE001 - this one is the culprit
+                bad.append((name, fn.__globals__[name]))
+    return bad
 
 
 def _mac(secret: str, name: str, version: int, blob: bytes) -> str:

@@ -13,7 +13,9 @@ from actorjet.registry import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.leases import LeaseDesk
 from actorjet.registry.upgrades import UpgradeDesk
+from actorjet.registry.watchdog import Watchdog
 from actorjet.runtime import messages as m
+from actorjet.runtime.logs import log
 
 
 def load_function(ref: str):
@@ -67,13 +69,16 @@ class EpisodeDesk:
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
         self.runner_versions: dict[str, dict] = {}
         self.services: dict[str, dict] = {}
+        train = (context.get("job") or {}).get("train", {})
+        self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
+        self.batch_groups = int(train.get("groups_per_step", 1))
         self.quarantined = 0                        # groups the merger took out of training, for good
         self.quarantine_causes: dict[str, int] = {}
         self.subscribers: list = []
         self.client_groups: dict[str, list] = {}     # client-mode group → ended episodes
         self.client_open: dict[str, dict] = {}
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
-        self.trained = 0
+        self.ledger_counts: dict[str, dict] = {}     # the merger's ledger counts, per model
         self.finished = False
 
     # -- dispatch -----------------------------------------------------------------------
@@ -194,6 +199,43 @@ class EpisodeDesk:
         self.upgrades.tick()
         self.leases.tick()
         self._expire_client_episodes()
+        self._watch()
+
+    # -- liveness (watchdog.py) --------------------------------------------------------------
+    def on_LedgerCounts(self, msg: m.LedgerCounts, sender):
+        self.ledger_counts = dict(msg.counts)
+
+    def on_Progress(self, msg: m.Progress, sender):
+        self.watchdog.progress(f"{msg.model}/{msg.kind}", msg.count, msg.waiting, sender, time.time())
+
+    def _watch(self) -> None:
+        """Learners report progress through Trained; their work is the finished groups they
+        have not consumed.  Anything stalled is crashed on purpose: its supervisor restarts it."""
+        now = time.time()
+        size = self.batch_groups
+        for model, info in self.models.items():
+            learner = self.services.get(model, {}).get("learner")
+            if learner is None or self.finished:
+                self.watchdog.forget(f"{model}/learner")
+                continue
+            backlog = self.leases.counts["groups_finished"] - info["consumed"] - self.quarantined
+            self.watchdog.progress(f"{model}/learner", info["learner_step"], int(backlog >= size),
+                                   learner["address"], now)
+        for who, address, reason in self.watchdog.check(now):
+            log.error("watchdog: %s %s; restarting it", who, reason)
+            self.registry.send(address, m.Crash(f"watchdog: {reason}"))
+
+    def watchdog_line(self) -> str:
+        """One line for operators: what the swarm is doing, or what is wrong with it."""
+        stalled = self.watchdog.status(time.time())["stalled"]
+        if stalled:
+            return "stalled: " + ", ".join(f"{who}, {s} s" for who, s in stalled.items())
+        if self.finished:
+            steps = [info["learner_step"] for info in self.models.values()]
+            return f"training finished at step {max(steps, default=0)}"
+        if not any(r.get("state") == "placed" for r in self.registry.runners) and not self.runner_addr:
+            return "waiting for runners (join a node, or start the head with --slots)"
+        return "training"
 
     def _expire_client_episodes(self) -> None:
         """A client-mode episode not ended within lease_timeout_s (its user crashed or forgot
@@ -220,7 +262,6 @@ class EpisodeDesk:
         for task, n in msg.tasks.items():
             per_task = info.setdefault("consumed_by_task", {})
             per_task[task] = per_task.get(task, 0) + n
-        self.trained += msg.groups * self.leases.group_size
         if msg.done:
             self.finished = True
         if self.run_dir:                 # the swarm's fault counters, next to the learner's line
@@ -276,7 +317,7 @@ class EpisodeDesk:
     def status_counts(self) -> dict:
         counts = self.leases.counts
         episodes = {k: counts[k] for k in ("completed", "aborted", "in_flight", "requeued")}
-        episodes["trained"] = self.trained
+        episodes["trained"] = max((c.get("episodes_trained", 0) for c in self.ledger_counts.values()), default=0)
         return {"episodes": episodes, "aborted_by_cause": dict(self.leases.abort_causes),
                 "tasks": {name: {**t, "completed": self.leases.completed_by_task.get(name, 0),
                                  "aborted_by_cause": dict(self.leases.abort_by_task.get(name, {}))}
@@ -291,7 +332,8 @@ class EpisodeDesk:
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"]}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(), "upgrades": self.upgrades.push_report(),
-                "training_finished": self.finished,
+                "training_finished": self.finished, "watchdog": self.watchdog_line(),
+                **self.watchdog.status(time.time()),
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
 
     def close(self) -> None:

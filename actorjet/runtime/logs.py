@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 log = logging.getLogger("actorjet")
@@ -26,8 +27,16 @@ def ensure() -> None:
         configure(Path(os.environ["ACTORJET_LOG_DIR"]))
 
 
+def _log_thread_death(args) -> None:
+    """Any thread that dies of an exception says so in the node's log (tests look for it)."""
+    log.critical("uncaught exception in thread %s of pid %d: %s: %s", getattr(args.thread, "name", "?"),
+                 os.getpid(), args.exc_type.__name__, args.exc_value,
+                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
 def configure(log_dir: Path, level: int = logging.INFO) -> None:
     global _configured_pid
+    threading.excepthook = _log_thread_death
     _configured_pid = os.getpid()
     os.environ["ACTORJET_LOG_DIR"] = str(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -88,8 +88,10 @@ class Pong:
 
 @dataclass
 class Crash:
-    """Test hook understood by every managed actor: raise inside the handler."""
+    """Test hook understood by every managed actor: raise inside the handler (``thread``: in
+    the actor's long-lived worker thread instead, where it has one — the engine's batcher)."""
     error: str = "crash requested"
+    thread: bool = False
 
 
 @dataclass
@@ -296,6 +298,29 @@ class Quarantined:
     model: str
     group_id: str
     cause: str
+
+
+@dataclass
+class LedgerCounts:
+    """Merger → registry after every claim and rewind: the ledger's own counts, so status
+    counters follow the ledger (a rewound group is not counted as trained twice)."""
+    counts: dict
+
+
+@dataclass
+class Progress:
+    """Engine → registry, every second: its batch counter and the requests waiting for it
+    (the registry's watchdog finds an engine that is alive but stuck)."""
+    model: str
+    kind: str
+    count: int
+    waiting: int
+
+
+@dataclass
+class Stall:
+    """Test hook for engines: the batcher thread sleeps ``seconds`` (an engine that hangs)."""
+    seconds: float
 
 
 @dataclass

@@ -11,7 +11,10 @@ NodeLink    is created *by the registry* on the member (placement by node_id).  
 from __future__ import annotations
 
 
-from thespian.actors import ActorExitRequest, ActorTypeDispatcher
+import time
+from datetime import timedelta
+
+from thespian.actors import ActorExitRequest, ActorTypeDispatcher, WakeupMessage
 
 from actorjet.runtime import logs
 from actorjet.runtime import messages as m
@@ -50,6 +53,10 @@ class NodeAgent(ActorTypeDispatcher):
     def receiveMsg_Introduce(self, msg: m.Introduce, sender):
         self.outcome = m.Admission(msg.admitted, msg.reason, msg.admission)
         if msg.admitted:
+            log.info("%s by the head (admission %s)", "re-admitted" if self.admission else "admitted", msg.admission)
+        else:
+            log.warning("refused by the head: %s", msg.reason)
+        if msg.admitted:
             self.admission, self.registry = msg.admission, msg.registry
             if self.link is not None and self.link != sender:
                 self.send(self.link, ActorExitRequest())    # the link of a head that is gone
@@ -81,7 +88,13 @@ class NodeAgent(ActorTypeDispatcher):
                                                           "admission": self.admission}))
 
 
+SILENCE_S = 5.0      # no heartbeat from the head for this long: say so in the node's log
+
+
 class NodeLink(ActorTypeDispatcher):
+    """Also the node's witness of the head: a gap in its heartbeats (head lost, network cut)
+    and their return are written to the node's own log, so an operator on the node sees it."""
+
     def receiveMessage(self, msg, sender):
         logs.ensure()
         super().receiveMessage(msg, sender)
@@ -93,6 +106,20 @@ class NodeLink(ActorTypeDispatcher):
     def receiveMsg_Introduce(self, msg: m.Introduce, sender):
         agent = self.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         self.send(agent, msg)     # on refusal the agent sends us away once it has the verdict
+        if not hasattr(self, "last_ping"):
+            self.last_ping, self.silent = time.monotonic(), False
+            self.wakeupAfter(timedelta(seconds=1.0))
 
     def receiveMsg_Ping(self, msg: m.Ping, sender):
+        if getattr(self, "silent", False):
+            log.info("heartbeats from the head again after %.0f s", time.monotonic() - self.last_ping)
+        self.last_ping, self.silent = time.monotonic(), False
         self.send(sender, m.Pong(msg.nonce, 0, {}))
+
+    def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
+        quiet = time.monotonic() - self.last_ping
+        if quiet > SILENCE_S and not self.silent:
+            self.silent = True
+            log.warning("no heartbeat from the head for %.0f s: the head is down or the network is cut; "
+                        "this node keeps trying to reach it", quiet)
+        self.wakeupAfter(timedelta(seconds=1.0))

@@ -1,0 +1,61 @@
+"""Liveness, not only aliveness: find a child that is alive but makes no progress.
+
+A process that answers pings can still be stuck (a batcher thread asleep in a dead lock, a
+learner blocked on I/O), and a swarm that hangs without a word is worse than one that
+crashes.  Engines report their batch counter and how many requests wait; the learner's
+progress is its step, and its work is the finished groups it has not trained.  Work waiting
+and no progress for ``stall_s`` → the child is named in status (``stalled``), logged, and
+crashed on purpose so its supervisor restarts it; when a new incarnation reports, the stall
+counts as healed.
+
+Plain state, no thespian: ``progress`` takes a report, ``check`` returns who to crash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class _Seen:
+    count: int
+    since: float            # when ``count`` last changed (or the work started waiting)
+    waiting: int
+    address: object
+
+
+class Watchdog:
+    def __init__(self, stall_s: float):
+        self.stall_s = stall_s
+        self.seen: dict[str, _Seen] = {}         # "model/kind" → last report
+        self.stalled: dict[str, float] = {}      # "model/kind" → when it was found stalled
+        self.detected = self.healed = 0
+
+    def progress(self, who: str, count: int, waiting: int, address, now: float) -> None:
+        last = self.seen.get(who)
+        if last is None or last.address != address:
+            if who in self.stalled:                  # a new incarnation reports: healed
+                del self.stalled[who]
+                self.healed += 1
+            self.seen[who] = _Seen(count, now, waiting, address)
+        elif count != last.count or (waiting and not last.waiting):
+            last.count, last.since, last.waiting = count, now, waiting
+        else:
+            last.waiting = waiting
+
+    def forget(self, who: str) -> None:
+        self.seen.pop(who, None)
+
+    def check(self, now: float) -> list[tuple[str, object, str]]:
+        """(who, address, reason) of every child newly found stalled."""
+        out = []
+        for who, s in self.seen.items():
+            quiet = now - s.since
+            if s.waiting and quiet > self.stall_s and who not in self.stalled:
+                self.stalled[who] = now
+                self.detected += 1
+                out.append((who, s.address, f"stalled: no progress for {quiet:.0f} s with {s.waiting} waiting"))
+        return out
+
+    def status(self, now: float) -> dict:
+        return {"stalled": {who: round(now - self.seen[who].since) for who in self.stalled if who in self.seen},
+                "stalls_detected": self.detected, "stalls_healed": self.healed, "stall_s": self.stall_s}

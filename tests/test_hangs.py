@@ -1,0 +1,126 @@
+"""Nothing hangs silently: a thread that dies takes its actor with it (and is restarted), and
+a weights file that is gone is a logged, recovered event, never a dead batcher."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from actorjet.models import zoo
+from actorjet.models.engine import GenRequest, TransformersEngine
+from swarm import REPO, wait_until
+
+
+def test_a_guarded_thread_that_raises_ends_its_process_loudly(tmp_path):
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from actorjet.runtime import guarded, logs
+        logs.configure(Path({str(tmp_path)!r}))
+        guarded.start(lambda: 1 / 0, "worker")
+        time.sleep(30)
+        print("still alive")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 70 and "still alive" not in out.stdout
+    text = (tmp_path / "actors.log").read_text()
+    assert "thread worker of pid" in text and "ZeroDivisionError" in text
+
+
+def test_weights_that_are_gone_load_the_newest_instead(tmp_path):
+    from safetensors.torch import save_file
+
+    engine = TransformersEngine(zoo.tiny_arith(0), start_thread=False)
+    state = {k: v.clone().contiguous() for k, v in engine.model.state_dict().items()}
+    save_file(state, str(tmp_path / "v000002.safetensors"))
+    engine.load_weights(7, str(tmp_path / "v000007.safetensors"))       # cleaned up before it was loaded
+    engine._apply_weights()
+    assert engine.weight_version == 2                                  # the newest that exists
+    engine.load_weights(9, str(tmp_path / "nowhere" / "v000009.safetensors"))
+    engine._apply_weights()
+    assert engine.weight_version == 2                                  # nothing there: keep serving
+    prompt = engine.tokenizer("12+30=", add_special_tokens=False)["input_ids"]
+    assert engine.generate([GenRequest(prompt, 3, 0.0)])[0][0].weight_version == 2
+
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+eval_every = 1000
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+[train]
+group_size = 4
+groups_per_step = 4
+steps = 12
+runner_concurrency = 8
+"""
+
+
+@pytest.mark.slow
+def test_an_engine_whose_batcher_dies_is_restarted_and_training_continues(swarm, tmp_path):
+    from actorjet.runtime import messages as m
+    from actorjet.runtime.head import attach_root, lookup, status as head_status
+
+    (tmp_path / "job.toml").write_text(JOB)
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 3, 120, interval_s=0.5, what="3 learner steps")
+    asys, root = attach_root(port)
+    asys.tell(lookup(asys, root, "model.policy/engine"), m.Crash("batcher test", thread=True))
+    wait_until(lambda: status()["restarts"].get("root/model.policy/engine") == 1, 30, what="the engine restarted")
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="12 learner steps")
+    text = (run / "logs" / "head" / "actors.log").read_text()
+    assert "thread engine-batcher of pid" in text and "batcher test" in text
+
+
+def test_flaky_agent_hangs_without_killing_its_process():
+    """agents/flaky_arithmetic.py: a hang is followed by the ordinary episode, never by the
+    exit branch (which its docstring says is off by default)."""
+    script = textwrap.dedent("""
+        import os
+        os.environ.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="1", AJ_FLAKY_HANG_S="0")
+        from agents.flaky_arithmetic import behavior
+
+        class Reached(Exception):
+            pass
+
+        class LLM:
+            def __getattr__(self, name):
+                raise Reached()
+        try:
+            behavior({"question": "1+1=", "answer": "2"}, LLM())
+        except Reached:
+            print("episode ran after the hang")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0 and "episode ran after the hang" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_a_stalled_engine_is_named_in_status_and_restarted(swarm, tmp_path):
+    from actorjet.runtime import messages as m
+    from actorjet.runtime.head import attach_root, lookup, status as head_status
+
+    (tmp_path / "job.toml").write_text(JOB.replace("steps = 12", "steps = 14\nstall_s = 4.0"))
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 3, 120, interval_s=0.5, what="3 learner steps")
+    assert status()["watchdog"] == "training"
+    asys, root = attach_root(port)
+    asys.tell(lookup(asys, root, "model.policy/engine"), m.Stall(600))        # alive, answering, stuck
+    seen = wait_until(lambda: (s := status())["stalled"] and s, 20, interval_s=0.2, what="the stall named in status")
+    assert "policy/engine" in seen["stalled"] and seen["watchdog"].startswith("stalled: policy/engine")
+    wait_until(lambda: status()["stalls_healed"] == 1, 30, what="the stall healed")
+    data = status()
+    assert data["restarts"].get("root/model.policy/engine") == 1 and data["stalls_detected"] == 1
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="14 learner steps")
+    assert status()["watchdog"] == "training finished at step 14"
+    assert "watchdog: policy/engine stalled" in (run / "logs" / "head" / "actors.log").read_text()
