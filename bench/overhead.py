@@ -94,43 +94,52 @@ def error_lines(run_dir: Path, keep: int = 30) -> str:
     return "\n".join(lines[-keep:]) or "(none)"
 
 
+def bench_job(model: str, groups: int, steps: int, warmup: int, device: str, behavior: str) -> dict:
+    source = TASKS.get(model, "digits_task")
+    return {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6, "device": device,
+                        "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
+            "tasks": [{"name": "bench", "source": source, "behavior": behavior}],
+            "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
+                      "seed": SEED, "runner_concurrency": 64}}
+
+
+def measure(run_dir: Path, steps: int, warmup: int, find_pids) -> tuple[float, dict[str, float]]:
+    """Watch metrics.jsonl: (seconds per step, CPU seconds per step of each actor process)
+    over the steps after ``warmup``; ``find_pids()`` names the processes once warm."""
+    metrics = run_dir / "metrics.jsonl"
+    last_progress, seen, pids, cpu0 = time.time(), -1, {}, {}
+    while True:
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+        train = [r for r in rows if r["kind"] == "train"]
+        if len(train) >= warmup and not pids:
+            pids = find_pids()
+            cpu0 = cpu_seconds(pids)
+        if len(train) >= steps + warmup:
+            cpu1 = cpu_seconds(pids)
+            break
+        if len(train) != seen:
+            last_progress, seen = time.time(), len(train)
+        if time.time() - last_progress > 120:
+            raise RuntimeError(f"no learner step for 120 s; errors logged:\n{error_lines(run_dir)}")
+        time.sleep(0.05)
+    t = [r["time"] for r in train]
+    measured = len(train) - warmup
+    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), {n: (cpu1[n] - cpu0[n]) / measured for n in pids}
+
+
 def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: str,
                     agent: str) -> tuple[float, dict[str, float]]:
     """(seconds per step, CPU seconds per step of each actor process) in steady state."""
     source = TASKS.get(model, "digits_task")
-    behavior = PLAIN[source] if agent == "plain" else f"{source}:behavior"
-    job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6, "device": device,
-                       "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
-           "tasks": [{"name": "bench", "source": source, "behavior": behavior}],
-           "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
-                     "seed": SEED, "runner_concurrency": 64}}
+    job = bench_job(model, groups, steps, warmup, device, PLAIN[source] if agent == "plain" else f"{source}:behavior")
     with tempfile.TemporaryDirectory() as tmp:
         head = start_head(Path(tmp), job, slots=2)
         try:
-            metrics = Path(tmp) / "metrics.jsonl"
-            last_progress, seen, pids, cpu0 = time.time(), -1, {}, {}
-            while True:
-                rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-                train = [r for r in rows if r["kind"] == "train"]
-                if len(train) >= warmup and not pids:
-                    pids = actor_pids(head)
-                    cpu0 = cpu_seconds(pids)
-                if len(train) >= steps + warmup:
-                    cpu1 = cpu_seconds(pids)
-                    break
-                if len(train) != seen:
-                    last_progress, seen = time.time(), len(train)
-                if time.time() - last_progress > 120:
-                    raise RuntimeError(f"no learner step for 120 s; errors logged:\n{error_lines(Path(tmp))}")
-                time.sleep(0.05)
+            return measure(Path(tmp), steps, warmup, lambda: actor_pids(head))
         finally:
             procs = system.system_processes(head.port)
             head.stop()
             psutil.wait_procs(procs, timeout=30)     # the next measurement starts on a quiet machine
-    t = [r["time"] for r in train]
-    measured = len(train) - warmup
-    cpu = {name: (cpu1[name] - cpu0[name]) / measured for name in pids}
-    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), cpu
 
 
 def _toml(job: dict) -> str:
@@ -151,12 +160,7 @@ def swarm_step_time_hosts(model: str, groups: int, steps: int, warmup: int, devi
     import hosts
     from swarm import REPO, Swarm
 
-    source = TASKS.get(model, "digits_task")
-    job = {"models": [{"name": "policy", "source": model, "lr": LR, "eval_every": 10 ** 6, "device": device,
-                       "checkpoint_every": 10 ** 6, "eval_max_tokens": 4}],
-           "tasks": [{"name": "bench", "source": source, "behavior": PLAIN[source]}],
-           "train": {"group_size": GROUP_SIZE, "groups_per_step": groups, "steps": steps + warmup,
-                     "seed": SEED, "runner_concurrency": 64}}
+    job = bench_job(model, groups, steps, warmup, device, PLAIN[TASKS.get(model, "digits_task")])
     with tempfile.TemporaryDirectory() as tmp_name, environment(CLEAN_ENV):
         tmp = Path(tmp_name)
         (tmp / "job.toml").write_text(_toml(job))
@@ -167,31 +171,16 @@ def swarm_step_time_hosts(model: str, groups: int, steps: int, warmup: int, devi
             _, port, token = sw.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), host=head,
                                      extra=["--config", str(tmp / "job.toml")])
             sw.join(port, token, "runners", slots=2, head_host=head.ip, host=net.host("runners"))
-            metrics = tmp / "run" / "metrics.jsonl"
-            last_progress, seen, pids, cpu0 = time.time(), -1, {}, {}
-            while True:
-                rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-                train = [r for r in rows if r["kind"] == "train"]
-                if len(train) >= warmup and not pids:
-                    paths = ACTORS[:5] + ["runners/runner-runners-0", "runners/runner-runners-1"]
-                    pids = {p.split("/")[-1].replace("runner-runners-", "runner "): sw.ctl(head, "pid", port, p)["pid"]
-                            for p in paths}
-                    pids = {k: v for k, v in pids.items() if v}
-                    cpu0 = cpu_seconds(pids)
-                if len(train) >= steps + warmup:
-                    cpu1 = cpu_seconds(pids)
-                    break
-                if len(train) != seen:
-                    last_progress, seen = time.time(), len(train)
-                if time.time() - last_progress > 120:
-                    raise RuntimeError(f"no learner step for 120 s; errors logged:\n{error_lines(tmp / 'run')}")
-                time.sleep(0.05)
+
+            def find_pids():
+                paths = ACTORS[:5] + ["runners/runner-runners-0", "runners/runner-runners-1"]
+                pids = {p.split("/")[-1].replace("runner-runners-", "runner "): sw.ctl(head, "pid", port, p)["pid"]
+                        for p in paths}
+                return {k: v for k, v in pids.items() if v}
+            return measure(tmp / "run", steps, warmup, find_pids)
         finally:
             sw.cleanup()
             net.close()
-    t = [r["time"] for r in train]
-    measured = len(train) - warmup
-    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), {n: (cpu1[n] - cpu0[n]) / measured for n in pids}
 
 
 def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device: str) -> float:

@@ -25,7 +25,6 @@ from actorjet.models.engine import GenRequest, GenResult, RequestFailed
 from actorjet.models.openai_api import ApiError
 from actorjet.models.records import CallRecord, CallStore
 from actorjet.rewards import bad_reward
-from actorjet.runtime.logs import log
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
@@ -50,7 +49,8 @@ class Gateway:
         self.record = record        # a frozen model (nothing trains on its calls) keeps no records
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[self._errors])
+        app = web.Application(client_max_size=16 * 1024 * 1024,
+                              middlewares=[api.error_middleware(f"gateway {self.model}", self._translate)])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -61,28 +61,11 @@ class Gateway:
         app.router.add_post("/internal/collect", self.collect)
         return app
 
-    @web.middleware
-    async def _errors(self, request, handler):
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return web.json_response(e.body(), status=e.status)
-        except EngineUnavailable as e:
-            err = ApiError(503, f"the engine is not available right now ({e}); retry shortly",
-                           kind="server_error", code="engine_unavailable")
-            return web.json_response(err.body(), status=503, headers={"Retry-After": "1"})
-        except web.HTTPException as e:
-            if e.status >= 400:
-                err = ApiError(e.status, e.reason or "request failed", code=str(e.status))
-                return web.json_response(err.body(), status=e.status)
-            raise
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug of ours: still OpenAI-shaped, and logged
-            log.exception("gateway %s: %s %s failed", self.model, request.method, request.path)
-            err = ApiError(500, f"internal error ({type(e).__name__}); it is logged", kind="server_error",
-                           code="internal_error")
-            return web.json_response(err.body(), status=500)
+    def _translate(self, e: Exception) -> ApiError | None:
+        if isinstance(e, EngineUnavailable):
+            return ApiError(503, f"the engine is not available right now ({e}); retry shortly",
+                            kind="server_error", code="engine_unavailable", headers={"Retry-After": "1"})
+        return None
 
     # -- helpers ------------------------------------------------------------------------
     def _episode(self, request) -> str:

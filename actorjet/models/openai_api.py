@@ -5,21 +5,52 @@ Kept apart from the HTTP server so the rules are plain functions: a client mista
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
+from aiohttp import web
+
+from actorjet.runtime.logs import log
+
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error"):
+                 code: str | None = None, kind: str = "invalid_request_error", headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def error_middleware(service: str, translate=lambda e: None):
+    """Every error of an HTTP service as OpenAI-shaped JSON with the right status, whatever
+    went wrong: an ApiError as it says, aiohttp's own (404, 405, 413) with their status, and
+    anything else — a bug of ours — as a logged 500.  ``translate`` turns a service's own
+    exceptions into ApiErrors (the gateway's EngineUnavailable → a retryable 503)."""
+    @web.middleware
+    async def errors(request, handler):
+        try:
+            return await handler(request)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as e:  # noqa: BLE001 - sorted out below
+            err = e if isinstance(e, ApiError) else translate(e)
+            if err is None and isinstance(e, web.HTTPException):
+                if e.status < 400:
+                    raise
+                err = ApiError(e.status, e.reason or "request failed", code=str(e.status))
+            if err is None:
+                log.exception("%s: %s %s failed", service, request.method, request.path)
+                err = ApiError(500, f"internal error ({type(e).__name__}); it is logged", kind="server_error",
+                               code="internal_error")
+            return web.json_response(err.body(), status=err.status, headers=err.headers)
+    return errors
 
 
 @dataclass

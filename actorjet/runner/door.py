@@ -31,12 +31,11 @@ from datetime import timedelta
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.models.openai_api import ApiError
+from actorjet.models.openai_api import ApiError, error_middleware
 from actorjet.models.serve import AppServer
 from actorjet.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
-from actorjet.runtime.logs import log
 
 POLL_S = 0.02
 ASK_TIMEOUT_S = 10.0
@@ -110,27 +109,12 @@ class Door(ManagedActor):
 
     # -- HTTP side (the server's thread) --------------------------------------------------
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=[self._errors])
+        app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=[error_middleware("door")])
         app.router.add_post("/v1/actorjet/leases", self._leases)
         app.router.add_post("/v1/actorjet/results", self._results)
         app.router.add_post("/v1/actorjet/hello", self._hello)
         app.router.add_get("/healthz", lambda request: web.json_response({"ok": True}))
         return app
-
-    @web.middleware
-    async def _errors(self, request, handler):
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return web.json_response(e.body(), status=e.status)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            return web.json_response(ApiError(e.status, e.reason or "request failed").body(), status=e.status)
-        except Exception as e:  # noqa: BLE001 - a bug of ours: still JSON, and logged
-            log.exception("door: %s %s failed", request.method, request.path)
-            return web.json_response(ApiError(500, f"internal error ({type(e).__name__})", kind="server_error").body(),
-                                     status=500)
 
     async def _body(self, request) -> dict:
         auth = request.headers.get("Authorization", "")
