@@ -91,11 +91,14 @@ class OutboundNode:
 
     def check(self) -> None:
         """Fail fast with one line when the door is not there or the token is wrong."""
+        say, self.say = self.say, lambda text: None      # one line on failure, no "retrying"
         try:
             self._post("/v1/actorjet/hello", {"runner_id": self.runner_id})
         except DoorError as e:
             raise UserError(f"cannot use the door at {self.url}: {e} (is it the URL `actorjet start` "
                             "printed for outbound nodes?)") from None
+        finally:
+            self.say = say
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stopped: Callable[[], bool]) -> None:
