@@ -124,3 +124,18 @@ def test_a_stalled_engine_is_named_in_status_and_restarted(swarm, tmp_path):
     wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="14 learner steps")
     assert status()["watchdog"] == "training finished at step 14"
     assert "watchdog: policy/engine stalled" in (run / "logs" / "head" / "actors.log").read_text()
+
+
+def test_a_stall_marker_is_a_pause_wherever_it_lands_in_a_batch():
+    """The stall test hook may arrive while the batcher is collecting a batch: it pauses the
+    thread there too (it once crashed it, which the stall test then saw as a restart)."""
+    engine = TransformersEngine(zoo.tiny_arith(0), window_s=0.05)
+    try:
+        prompt = engine.tokenizer("12+30=", add_special_tokens=False)["input_ids"]
+        first = [engine.submit(GenRequest(prompt, 2, 0.0)) for _ in range(3)]
+        engine.stall_thread(0.3)
+        later = [engine.submit(GenRequest(prompt, 2, 0.0)) for _ in range(3)]
+        assert all(len(f.result(60)[0].completion_ids) >= 1 for f in first + later)
+        assert engine.generate([GenRequest(prompt, 2, 0.0)])      # still serving
+    finally:
+        engine.close()

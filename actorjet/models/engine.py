@@ -113,10 +113,7 @@ class BatchingEngine:
     def _loop(self) -> None:
         while not self._closed:
             item = self._queue.get()
-            if isinstance(item, Exception):
-                raise item
-            if isinstance(item, tuple) and item and item[0] == "stall":
-                time.sleep(item[1])
+            if self._test_hook(item):
                 continue
             batch = [item] if item is not None else []
             # Dynamic batching: keep collecting while requests keep coming (each within
@@ -130,9 +127,7 @@ class BatchingEngine:
                     item = self._queue.get(timeout=max(0.0, timeout))
                 except queue.Empty:
                     break
-                if isinstance(item, Exception):
-                    raise item
-                if item is not None:
+                if item is not None and not self._test_hook(item):
                     batch.append(item)
                     size += item[0].n
             with self._lock:
@@ -170,6 +165,16 @@ class BatchingEngine:
                 fut.set_exception(RequestFailed(f"{type(e).__name__}: {e}"))
             else:
                 fut.set_exception(error)
+
+    @staticmethod
+    def _test_hook(item) -> bool:
+        """crash_thread / stall_thread markers in the queue: raise, or sleep (True: handled)."""
+        if isinstance(item, Exception):
+            raise item
+        if isinstance(item, tuple) and item and item[0] == "stall":
+            time.sleep(item[1])
+            return True
+        return False
 
     def _apply_weights(self) -> None:
         """Load the newest announced weights.  A file that is gone already (a restarted
