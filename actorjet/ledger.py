@@ -1,19 +1,23 @@
 """The durable ledger: every finished GRPO group, from the moment it is acknowledged until
 (and after) it is trained.  SQLite in WAL mode, ``RUN_DIR/ledger.sqlite``.
 
-    merger   store_many()  finished groups' calls and rewards, per model, in one transaction,
-                       *before* the registry is told the group is safe
-             assign()  groups taken into a batch file
-    learner  claim()   a batch's groups marked trained at step s, all or nothing
-             rewind()  after a restart from the checkpoint at step k: groups trained after
-                       k were lost with the crashed weights, so they are pending again
-    merger   release() batches that were never trained (a restarted merger) go back
-    merger   quarantine()  a group that cannot be trained (a reward that cannot be normalized,
-                       calls that cannot be packed): kept with its cause, never pending again
+Only the merger opens it (a learner may run on another node): it calls these itself, or on
+a learner's message (Claim, Rewind, Quarantine).
 
-So after any crash: finished = trained + pending + quarantined, and no group is trained twice in the
-weights that survive.  Several processes open it (merger, learner, bench); each write is
-a short transaction, and WAL lets readers go on while one writes.
+    store_many()  finished groups' calls and rewards, per model, in one transaction,
+                  *before* the registry is told the group is safe
+    assign()      groups taken into a batch file
+    claim()       (learner's Claim) a batch's groups marked trained at step s, all or nothing
+    rewind()      (learner's Rewind) after a restart from the checkpoint at step k: groups
+                  trained after k were lost with the crashed weights, so they are pending again
+    release()     batches that were never trained (a restarted merger or learner) go back
+    quarantine()  a group that cannot be trained (a reward that cannot be normalized, calls
+                  that cannot be packed, a step that failed on it): kept with its cause
+
+
+So after any crash: finished = trained + pending + quarantined, and no group is trained twice
+in the weights that survive.  Each write is a short transaction; WAL lets readers (tests,
+benches, sqlite3 by hand) go on while the merger writes.
 """
 from __future__ import annotations
 
