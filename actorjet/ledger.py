@@ -14,7 +14,6 @@ a learner's message (Claim, Rewind, Quarantine).
     quarantine()  a group that cannot be trained (a reward that cannot be normalized, calls
                   that cannot be packed, a step that failed on it): kept with its cause
 
-
 So after any crash: finished = trained + pending + quarantined, and no group is trained twice
 in the weights that survive.  Each write is a short transaction; WAL lets readers (tests,
 benches, sqlite3 by hand) go on while the merger writes.
