@@ -109,6 +109,12 @@ class Ledger:
         return self.db.execute("SELECT COUNT(*) FROM groups WHERE model = ? AND trained_step IS NULL "
                                "AND batch IS NULL AND quarantine IS NULL", (model,)).fetchone()[0]
 
+    def episodes(self, model: str, group_ids: list[str]) -> int:
+        """Episodes in these groups (by primary key: cheap on every learner step)."""
+        marks = ",".join("?" * len(group_ids))
+        return self.db.execute(f"SELECT COUNT(*) FROM groups, json_each(groups.rewards) WHERE model = ? "
+                               f"AND group_id IN ({marks})", (model, *group_ids)).fetchone()[0]
+
     def quarantine(self, model: str, group_id: str, cause: str, sample: str = "") -> None:
         """Take a group out of training for good, keeping it, its cause and a sample of it."""
         with self._tx() as db:

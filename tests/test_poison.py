@@ -273,5 +273,9 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
     wait_until(lambda: (g := status()["groups"])["leases_open"] == 0 and g["groups_unacknowledged"] == 0, 60,
                what="no lease open, every finished group stored")
     assert status()["aborted_by_cause"].get("behavior error", 0) > 0           # failed episodes happened
+    # nothing else lost: every group the registry finished is in the ledger (plus the planted
+    # poison), each trained, pending or quarantined
+    finished, trained, bad = db.execute("SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups").fetchone()
+    assert finished == status()["groups"]["finished"] + 1 and bad == 1 and trained > 0
     wait_until(lambda: http(base + "/healthz", method="GET")[1]["open_episodes"] == 0, 30,
                what="no recorded calls left in the gateway")

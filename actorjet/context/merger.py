@@ -110,6 +110,9 @@ class Merger(ManagedActor):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.groups_log = self.run_dir / "groups.jsonl"
         self.ledger = Ledger(self.run_dir)
+        # episodes in trained groups, per model (status: episodes.trained): counted in full only
+        # at start and after a rewind or quarantine; each claim adds its own groups' episodes
+        self._recount()
         released = self.ledger.release()     # batches of a previous merger: rebuilt from the ledger
         if released:
             log.info("merger: %d stored groups from unfinished batches are pending again", released)
@@ -176,7 +179,10 @@ class Merger(ManagedActor):
             log.warning("merger: batch %s of %s skipped: some of its groups were trained already", msg.url, msg.model)
             (self.out_dir / msg.url.rpartition("/")[2]).unlink(missing_ok=True)
         self.send(sender, m.Claimed(msg.url, ok))
-        self.send(self.registry, m.LedgerCounts(self.ledger.counts()))
+        if ok:
+            self.trained_episodes[msg.model] = (self.trained_episodes.get(msg.model, 0)
+                                                + self.ledger.episodes(msg.model, msg.group_ids))
+            self._send_counts()
 
     def receiveMsg_Rewind(self, msg: m.Rewind, sender):
         """A (re)started learner: groups trained after its checkpoint were lost with the weights
@@ -185,13 +191,22 @@ class Merger(ManagedActor):
         if groups:
             log.info("merger: %s restarts at step %d; %d groups are pending again", msg.model, msg.step, groups)
         self.send(sender, m.Rewound(msg.model, groups))
-        self.send(self.registry, m.LedgerCounts(self.ledger.counts()))
+        self._recount()
         self._flush_ready()
+
+    def _recount(self) -> None:
+        self.trained_episodes = {model: c["episodes_trained"] for model, c in self.ledger.counts().items()}
+        self._send_counts()
+
+    def _send_counts(self) -> None:
+        self.send(self.registry, m.LedgerCounts({model: {"episodes_trained": n}
+                                                 for model, n in self.trained_episodes.items()}))
 
     def receiveMsg_Quarantine(self, msg: m.Quarantine, sender):
         """The learner could not train on a batch: its groups go to quarantine, not back to pending."""
         for group_id in msg.group_ids:
             self._quarantine(msg.model, group_id, msg.cause, "")
+        self._recount()           # they had been claimed as trained
 
     def _quarantine(self, model: str, group_id: str, cause: str, sample: str) -> None:
         log.error("merger: group %s of %s quarantined: %s", group_id, model, cause)

@@ -7,7 +7,6 @@ epoch, which makes members stop the orphaned runners of the previous head.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -144,12 +143,9 @@ class Head:
         finally:
             self.asys.shutdown()
             self.asys = None
-            _, alive = psutil.wait_procs([p for p in procs if p.pid != os.getpid()], timeout=10)
-            for p in alive:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            if alive:
-                self.notes.append(f"killed {len(alive)} actor processes that did not stop")
+            killed = system.reap(procs, 10.0)
+            if killed:
+                self.notes.append(f"killed {killed} actor processes that did not stop")
 
     # -- asking the tree ---------------------------------------------------------------
     def lookup(self, path: str, timeout_s: float = 5.0):

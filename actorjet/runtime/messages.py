@@ -302,8 +302,9 @@ class Quarantined:
 
 @dataclass
 class LedgerCounts:
-    """Merger → registry after every claim and rewind: the ledger's own counts, so status
-    counters follow the ledger (a rewound group is not counted as trained twice)."""
+    """Merger → registry after every claim, rewind and learner quarantine: per model,
+    ``{"episodes_trained": n}`` as the ledger has it, so status follows the ledger (a rewound
+    group is not counted as trained twice)."""
     counts: dict
 
 
