@@ -1,0 +1,86 @@
+"""One kill-loop run: a short training on its own head, one child SIGKILLed at a random
+moment, and what came of it.  Shared by tests/test_hangs.py (a few runs) and
+bench/kill_loop.py (20 runs per child, the issue's figure).
+
+A run passes when training reaches its final step in time and no thread died unseen.  The
+moment is drawn between the head printing its token and the time a training of this size
+takes here, so kills land in model loading, rollouts, optimizer steps and publishing alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+
+from swarm import REPO, Swarm, pid_of, wait_until
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+eval_every = 1000
+checkpoint_every = 2
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+[train]
+group_size = 4
+groups_per_step = 4
+steps = {steps}
+runner_concurrency = 8
+stall_s = 30.0
+"""
+TARGETS = {"learner": "model.policy/learner", "engine": "model.policy/engine"}
+
+
+def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: int = 24,
+             window_s: float = 10.0, finish_s: float = 240.0) -> dict:
+    """Start a head, SIGKILL ``target`` ("learner" or "engine") once at a random moment in
+    the first ``window_s`` seconds of training, wait for the final step.  Returns the run's
+    figures; never raises for a run that fails (the caller counts)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "job.toml").write_text(JOB.format(steps=steps))
+    run_dir = tmp / "run"
+    started = time.time()
+    proc, port, _ = swarm.head(run_dir, str(REPO / "supervisors" / "default.toml"), slots=1,
+                               extra=["--config", str(tmp / "job.toml")])
+    from actorjet.runtime.head import attach_root, status as head_status
+
+    def status() -> dict:
+        return head_status(*attach_root(port))
+
+    delay = rng.uniform(0.0, window_s)
+    out = {"target": target, "delay_s": round(delay, 2), "killed_pid": None, "killed_at_step": None,
+           "final_step": None, "reached_final_step": False, "seconds_to_finish": None,
+           "restarts": 0, "stalls_detected": 0, "stalls_healed": 0, "thread_deaths": 0, "threads_crashed_loudly": 0, "error": ""}
+    try:
+        time.sleep(delay)
+        pid = wait_until(lambda: pid_of(port, TARGETS[target]), 60, interval_s=0.1, what=f"the {target}'s pid")
+        with contextlib.suppress(Exception):
+            out["killed_at_step"] = status()["models"][0]["learner_step"]
+        os.kill(pid, signal.SIGKILL)
+        killed = time.time()
+        out["killed_pid"] = pid
+        data = wait_until(lambda: (s := status())["training_finished"] and s, finish_s, interval_s=0.5,
+                          what=f"{steps} learner steps")
+        out.update(final_step=data["models"][0]["learner_step"], seconds_to_finish=round(time.time() - killed, 1),
+                   restarts=sum(data["restarts"].values()), stalls_detected=data["stalls_detected"],
+                   stalls_healed=data["stalls_healed"])
+        out["reached_final_step"] = out["final_step"] == steps
+    except Exception as e:  # noqa: BLE001 - a failed run is a figure, not a crash of the loop
+        out["error"] = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        swarm.cleanup()
+        swarm.procs.clear()
+        swarm.ports.clear()
+    for log in run_dir.rglob("actors.log"):
+        text = log.read_text(errors="replace")
+        out["thread_deaths"] += text.count("uncaught exception in thread")      # would have died unseen
+        out["threads_crashed_loudly"] += len(re.findall(r"thread \S+ of pid \d+ died", text))
+    out["wall_s"] = round(time.time() - started, 1)
+    return out
