@@ -3,8 +3,9 @@
     python bench/kill_loop.py [--runs 20] [--steps 24] [--seed 0]
 
 Each run is a fresh head training tiny-arith for ``--steps`` steps (tests/killloop.py); one
-child is killed once, at a moment drawn uniformly from the first seconds of training (model
-loading, rollouts, optimizer step, weight publishing).  A run passes when training reaches
+child is killed once: in half the runs at a time drawn from the head's first seconds (model
+loading, first rollouts), in the other half just after a learner step drawn from the
+training (rollouts, optimizer step, weight publishing).  A run passes when training reaches
 its final step and no thread died unseen.  Prints a table per target and writes
 bench/results/kill_loop.json (every run, and the totals).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -31,6 +33,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=24, help="learner steps per run (default 24)")
     parser.add_argument("--seed", type=int, default=0, help="draws the kill moments")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so the swarm below is cleaned up
     rng = random.Random(args.seed)
     runs = []
     with tempfile.TemporaryDirectory(prefix="aj-killloop-") as tmp:
@@ -40,8 +43,9 @@ def main() -> int:
                 for target in TARGETS:               # interleaved: a drifting machine hits both alike
                     out = kill_run(swarm, Path(tmp) / f"{target}-{i}", target, rng, steps=args.steps)
                     runs.append(out)
-                    print(f"{target:8s} run {i + 1:2d}/{args.runs}: killed at {out['delay_s']:5.1f} s "
-                          f"(step {out['killed_at_step']}), final step {out['final_step']}, "
+                    when = f"step {out['at_step']} + {out['delay_s']:.2f} s" if out["at_step"] else f"{out['delay_s']:.1f} s"
+                    print(f"{target:8s} run {i + 1:2d}/{args.runs}: killed at {when} "
+                          f"(learner at step {out['killed_at_step']}), final step {out['final_step']}, "
                           f"{out['seconds_to_finish']} s to finish {out['error']}", flush=True)
         finally:
             swarm.cleanup()

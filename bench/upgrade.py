@@ -177,7 +177,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
     checked, ok = check_labels(run_dir, tmp, tag_of_version)
     causes = data["aborted_by_cause"]
     return {
-        "upgrades": len(client_s), "runners": len([r for r in data["runners"] if r["state"] == "placed"]),
+        "upgrades": len(client_s), "runners": len([r for r in data["runners"] if r.get("node_id")]),
         "reach_client_s": _summary(client_s), "reach_runners_s": _summary(runner_s),
         "episodes_failed_by_swap": sum(v for c, v in causes.items() if c.startswith(("behavior error", "upgrade"))),
         "aborted_by_cause": causes, "groups_checked": checked, "groups_label_ok": ok,

@@ -8,7 +8,7 @@ import pytest
 
 from actorjet.models import zoo
 from actorjet.models.engine import GenRequest, TransformersEngine
-from swarm import REPO, wait_until
+from swarm import REPO, pid_of, wait_until
 
 
 def test_a_guarded_thread_that_raises_ends_its_process_loudly(tmp_path):
@@ -103,27 +103,46 @@ def test_flaky_agent_hangs_without_killing_its_process():
 
 
 @pytest.mark.slow
-def test_a_stalled_engine_is_named_in_status_and_restarted(swarm, tmp_path):
+def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp_path):
+    """Alive but stuck: the engine's batcher asleep, then the gateway's server loop blocked.
+    Each is named in status, logged and restarted (a new PID in `status --actors`), and
+    training finishes.  Runner states in status say what the runner is doing."""
     from actorjet.runtime import messages as m
     from actorjet.runtime.head import attach_root, lookup, status as head_status
 
-    (tmp_path / "job.toml").write_text(JOB.replace("steps = 12", "steps = 14\nstall_s = 4.0"))
+    (tmp_path / "job.toml").write_text(JOB.replace("steps = 12", "steps = 24\nstall_s = 4.0"))
     run = tmp_path / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])
     status = lambda: head_status(*attach_root(port))  # noqa: E731
+    pids = lambda: {a["path"]: a for a in status()["actors"]}  # noqa: E731
     wait_until(lambda: status()["models"][0]["learner_step"] >= 3, 120, interval_s=0.5, what="3 learner steps")
-    assert status()["watchdog"] == "training"
-    asys, root = attach_root(port)
-    asys.tell(lookup(asys, root, "model.policy/engine"), m.Stall(600))        # alive, answering, stuck
-    seen = wait_until(lambda: (s := status())["stalled"] and s, 20, interval_s=0.2, what="the stall named in status")
-    assert "policy/engine" in seen["stalled"] and seen["watchdog"].startswith("stalled: policy/engine")
-    wait_until(lambda: status()["stalls_healed"] == 1, 30, what="the stall healed")
     data = status()
-    assert data["restarts"].get("root/model.policy/engine") == 1 and data["stalls_detected"] == 1
-    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="14 learner steps")
-    assert status()["watchdog"] == "training finished at step 14"
-    assert "watchdog: policy/engine stalled" in (run / "logs" / "head" / "actors.log").read_text()
+    assert data["watchdog"] == "training"
+    [runner] = data["runners"]
+    assert runner["behaviors"] == {"arithmetic": 1}
+    assert runner["state"].startswith(("running ", "idle")), runner      # never "placed" or "starting" now
+    before = pids()
+    engine = before["root/model.policy/engine"]
+    assert engine["node"] == "head" and engine["pid"] == pid_of(port, "model.policy/engine")
+    assert f"root/runners/{runner['id']}" in before
+
+    asys, root = attach_root(port)
+    for child, healed in (("engine", 1), ("gateway", 2)):
+        asys.tell(lookup(asys, root, f"model.policy/{child}"), m.Stall(600))     # alive, answering, stuck
+        seen = wait_until(lambda: (s := status())["stalled"] and s, 20, interval_s=0.2,
+                          what=f"the {child} stall named in status")
+        assert f"policy/{child}" in seen["stalled"] and seen["watchdog"].startswith(f"stalled: policy/{child}")
+        wait_until(lambda: status()["stalls_healed"] == healed, 40, what=f"the {child} stall healed")
+        data = status()
+        assert data["restarts"].get(f"root/model.policy/{child}") == 1 and data["stalls_detected"] == healed
+        after = pids()[f"root/model.policy/{child}"]
+        assert after["pid"] != before[f"root/model.policy/{child}"]["pid"] and after["restarts"] == 1
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="24 learner steps")
+    assert status()["watchdog"] == "training finished at step 24"
+    wait_until(lambda: status()["runners"][0]["state"] == "idle: training finished", 10, what="an idle runner")
+    text = (run / "logs" / "head" / "actors.log").read_text()
+    assert "watchdog: policy/engine stalled" in text and "watchdog: policy/gateway stalled" in text
 
 
 def test_a_stall_marker_is_a_pause_wherever_it_lands_in_a_batch():
@@ -139,3 +158,18 @@ def test_a_stall_marker_is_a_pause_wherever_it_lands_in_a_batch():
         assert engine.generate([GenRequest(prompt, 2, 0.0)])      # still serving
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["learner", "engine"])
+def test_a_child_sigkilled_at_a_random_moment_does_not_stop_training(swarm, tmp_path, target):
+    """One run of the kill loop per child (bench/kill_loop.py runs 20 each): the moment is
+    random on every run, and its seed is in the failure message."""
+    import random
+
+    from killloop import kill_run
+
+    seed = random.randrange(1_000_000)
+    out = kill_run(swarm, tmp_path / target, target, random.Random(seed))
+    assert out["killed_pid"] and out["reached_final_step"], (seed, out)
+    assert out["thread_deaths"] == 0, (seed, out)

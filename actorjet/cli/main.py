@@ -12,8 +12,8 @@ from actorjet.errors import UserError
 
 EPILOG = """\
 typical use:
-  actorjet quickstart                          train the tiny arithmetic model locally (≈5 min)
-  actorjet start --config job.toml             head node; prints the join command
+  actorjet quickstart                          train the tiny arithmetic model locally (~2.5 min on 2 cores)
+  actorjet start --config agents/job.toml      head node; prints the join command
   actorjet join HEAD:1900 --token T --slots 4  add a node that runs agent code
   actorjet status                              nodes, runners, models, behaviors, episodes
   actorjet upgrade TASK agent.py:behavior      new agent code on every runner, no restart

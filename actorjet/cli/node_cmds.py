@@ -224,6 +224,8 @@ def add_status(sub) -> None:
                        description="Ask the registry of a head on this machine.")
     add_head_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--actors", action="store_true",
+                   help="also list every actor of the tree with its node, host and PID (to act on a fault)")
     p.set_defaults(func=cmd_status)
 
 
@@ -236,7 +238,7 @@ def cmd_status(args) -> int:
         print(json.dumps(data, indent=2, default=str))
     else:
         from actorjet.cli.tables import print_status
-        print_status(data)
+        print_status(data, show_actors=args.actors)
     return 0
 
 

@@ -5,8 +5,11 @@ from rich.console import Console
 from rich.table import Table
 
 
-def print_status(data: dict, console: Console | None = None) -> None:
+def print_status(data: dict, console: Console | None = None, show_actors: bool = False) -> None:
     console = console or Console()
+    line = data.get("watchdog", "")
+    if line:
+        console.print(("[bold red]" if line.startswith("stalled") else "[bold]") + line + "[/]")
     nodes = Table(title="nodes")
     for col in ("name", "node_id", "alive", "slots", "cpus", "gpus", "note"):
         nodes.add_column(col)
@@ -16,12 +19,19 @@ def print_status(data: dict, console: Console | None = None) -> None:
                       n.get("lost_reason", ""))
     console.print(nodes)
     runners = Table(title="runners")
-    for col in ("id", "node_id", "behavior", "version", "state"):
+    for col in ("id", "node_id", "state", "behaviors"):
         runners.add_column(col)
     for r in data.get("runners", []):
-        runners.add_row(r["id"], str(r.get("node_id") or "-"), str(r.get("behavior", "")),
-                        str(r.get("version", "")), r.get("state", ""))
+        behaviors = ", ".join(f"{task}@v{v}" for task, v in sorted(r.get("behaviors", {}).items()))
+        runners.add_row(r["id"], str(r.get("node_id") or "-"), r.get("state", ""), behaviors or "-")
     console.print(runners)
+    if show_actors:
+        actors = Table(title="actors")
+        for col in ("path", "node", "host", "pid", "up", "restarts"):
+            actors.add_column(col)
+        for a in data.get("actors", []):
+            actors.add_row(a["path"], a["node"], a["host"], str(a["pid"]), f"{a['up_s']} s", str(a["restarts"]))
+        console.print(actors)
     if data.get("models"):
         models = Table(title="models")
         for col in ("name", "weight_version", "learner_step"):
@@ -61,5 +71,7 @@ def print_status(data: dict, console: Console | None = None) -> None:
                       f"{groups.get('late_results_rejected', 0)}")
     if data.get("nodes_lost"):
         console.print(f"nodes lost: {data['nodes_lost']}")
+    if data.get("stalls_detected"):
+        console.print(f"stalls: found {data['stalls_detected']}, healed {data.get('stalls_healed', 0)}")
     restarts = data.get("restarts", {})
     console.print("restarts: " + (", ".join(f"{k} {v}" for k, v in sorted(restarts.items())) or "none"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from datetime import timedelta
 
 import aiohttp
@@ -23,6 +24,7 @@ from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 
 FLUSH_S = 0.05
+PROGRESS_S = 1.0
 
 
 class HttpEngineBackend:
@@ -104,6 +106,7 @@ class Gateway(ManagedActor):
         self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"])
         self._announce()
         self.send(self.registry, m.Subscribe("directory"))
+        self.reported = 0.0
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
 
     def _announce(self) -> None:
@@ -129,7 +132,16 @@ class Gateway(ManagedActor):
             except queue.Empty:
                 break
             self.send(self.registry, m.ClientEvent(dict(event, model=self.model)))
+        if time.monotonic() - self.reported >= PROGRESS_S:
+            # Liveness for the watchdog: the server loop's turns.  Work is always "waiting" for
+            # a gateway (its loop must keep turning); a request stuck in the engine is the
+            # engine's stall, not the gateway's, so completions would be the wrong measure.
+            self.reported = time.monotonic()
+            self.send(self.registry, m.Progress(self.model, "gateway", self.server.beats, 1))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
+
+    def receiveMsg_Stall(self, msg: m.Stall, sender):
+        self.server.block(msg.seconds)
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):

@@ -11,6 +11,7 @@ Episode bookkeeping (leases, groups, results) lives in actorjet/registry/episode
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from thespian.actors import ActorSystemConventionUpdate, ChildActorExited, WakeupMessage
@@ -18,7 +19,7 @@ from thespian.actors import ActorSystemConventionUpdate, ChildActorExited, Wakeu
 from actorjet.registry.episodes import EpisodeDesk
 from actorjet.registry.nodes import NodeTable
 from actorjet.runtime import messages as m
-from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.child import ManagedActor, where_i_run
 from actorjet.runtime.node import NodeLink
 
 log = logging.getLogger("actorjet")
@@ -34,6 +35,7 @@ class Registry(ManagedActor):
         self.subscribers: list = []
         self.runners: list = []
         self.restarts: dict = {}
+        self.actors: dict[str, dict] = {}          # path → where its current incarnation runs
         self.relinks: dict[str, int] = {}
         self.desk = EpisodeDesk(self, ctx)
         head = ctx.get("head_caps") or {}
@@ -41,6 +43,7 @@ class Registry(ManagedActor):
             self.table.admit(head, "head", is_head=True)
         self.notifyOnSystemRegistrationChanges(True)
         self.wakeupAfter(timedelta(seconds=self.heartbeat_s), payload="heartbeat")
+        self.receiveMsg_ActorUp(where_i_run(self.path), self.myAddress)
 
     def on_stop(self) -> None:
         if hasattr(self, "desk"):
@@ -136,20 +139,30 @@ class Registry(ManagedActor):
 
     def receiveMsg_RunnersChanged(self, msg: m.RunnersChanged, sender):
         self.runners = msg.runners
+        placed = {r["id"] for r in msg.runners if r.get("placed")}
+        gone = [p for p in self.actors if p.rsplit("/", 1)[-1].startswith("runner-") and p.rsplit("/", 1)[-1] not in placed]
+        for path in gone:
+            del self.actors[path]           # a runner that is gone has no PID to act on
+
+    def receiveMsg_ActorUp(self, msg: m.ActorUp, sender):
+        self.actors[msg.path] = {"path": msg.path, "pid": msg.pid, "node": msg.node, "host": msg.host,
+                                 "since": time.time()}
 
     def receiveMsg_RestartCounts(self, msg: m.RestartCounts, sender):
         self.restarts = dict(msg.counts)
 
     def receiveMsg_GetStatus(self, msg: m.GetStatus, sender):
-        runners = []
-        for r in self.runners:
-            versions = self.desk.runner_versions.get(r["id"], {})
-            behavior, version = next(iter(versions.items()), ("", None))
-            runners.append({**r, "behavior": behavior, "version": version, "behaviors": dict(versions)})
+        now = time.time()
+        runners = [{"id": r["id"], "node_id": r.get("node_id"), "state": self.desk.runner_state(r, now),
+                    "behaviors": dict(self.desk.runner_versions.get(r["id"], {}))}   # task → version it runs
+                   for r in self.runners]
+        actors = [{**a, "up_s": round(now - a["since"]), "restarts": self.restarts.get(path, 0)}
+                  for path, a in sorted(self.actors.items())]
         data = {"head_epoch": self.epoch,
                 "nodes": [n.public() for n in self.table.nodes.values()],
                 "nodes_lost": self.table.lost_count,
                 "runners": runners,
+                "actors": actors,
                 "restarts": self.restarts}
         data.update(self.desk.status())
         self.send(sender, m.Status(data))

@@ -17,6 +17,8 @@ from actorjet.registry.watchdog import Watchdog
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
+QUIET_RUNNER_S = 10.0     # a placed runner that asked for no work this long is named in status
+
 
 def load_function(ref: str):
     module_name, _, name = ref.partition(":")
@@ -68,6 +70,7 @@ class EpisodeDesk:
         self.upgrades = UpgradeDesk(self)
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
         self.runner_versions: dict[str, dict] = {}
+        self.runner_asked: dict[str, tuple[float, str]] = {}     # runner id → (last request, why no work)
         self.services: dict[str, dict] = {}
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
@@ -149,7 +152,7 @@ class EpisodeDesk:
     def live_runners(self, with_address: bool = True) -> list[str]:
         """Placed runners (as the runner supervisor last reported), optionally only those
         whose address we know from a lease request."""
-        placed = [r["id"] for r in self.registry.runners if r.get("state") == "placed"]
+        placed = [r["id"] for r in self.registry.runners if r.get("placed")]
         return [r for r in placed if r in self.runner_addr] if with_address else placed
 
     # -- leases (leases.py) -----------------------------------------------------------------
@@ -158,22 +161,43 @@ class EpisodeDesk:
         self.runner_addr[msg.runner_id] = sender
         self.runner_versions[msg.runner_id] = dict(msg.behaviors)
         if self.finished:
-            self.registry.send(sender, m.NoWork(2.0, "training finished", msg.tag))
+            self._no_work(msg, sender, 2.0, "training finished")
             return
         if not self.sources or not urls or not self.models:
-            self.registry.send(sender, m.NoWork(0.2, "models not ready", msg.tag))
+            self._no_work(msg, sender, 0.2, "models not ready")
             return
         leases = self.leases.lease(msg.runner_id, msg.max_groups, self._consumed(), urls,
                                    msg.per_task, dict(msg.busy))
         if not leases:
-            self.registry.send(sender, m.NoWork(0.05, "waiting for the learner (staleness bound)", msg.tag))
+            self._no_work(msg, sender, 0.05, "waiting for the learner (staleness bound)")
             return
+        self.runner_asked[msg.runner_id] = (time.time(), "")
         payloads = {}
         for lease in leases:
             if msg.behaviors.get(lease["behavior"]) != lease["version"]:
                 source = self.source(lease["behavior"]) or self.removed[lease["behavior"]]   # removed: retries finish
                 payloads[lease["behavior"]] = source.payload_for(lease["version"], self.store)
         self.registry.send(sender, m.Leases(leases, payloads, msg.tag))
+
+    def _no_work(self, msg: m.LeaseRequest, sender, retry_s: float, reason: str) -> None:
+        self.runner_asked[msg.runner_id] = (time.time(), reason)
+        self.registry.send(sender, m.NoWork(retry_s, reason, msg.tag))
+
+    def runner_state(self, row: dict, now: float) -> str:
+        """What a runner is doing, from what the registry sees of it: its leases, and how its
+        last request for work was answered."""
+        if not row.get("placed"):
+            return "waiting for a node"
+        episodes = sum(len(lease["members"]) for lease in self.leases.leases.values()
+                       if lease["runner_id"] == row["id"])
+        if episodes:
+            return f"running {episodes} episode" + ("s" if episodes > 1 else "")
+        asked, reason = self.runner_asked.get(row["id"], (0.0, ""))
+        if asked < row.get("since", 0.0):
+            return "starting"
+        if now - asked > QUIET_RUNNER_S:
+            return f"not asking for work ({now - asked:.0f} s)"
+        return f"idle: {reason}" if reason else "idle"
 
     def _consumed(self) -> dict[str, int]:
         """Groups trained per task (the slowest model decides)."""
@@ -233,7 +257,7 @@ class EpisodeDesk:
         if self.finished:
             steps = [info["learner_step"] for info in self.models.values()]
             return f"training finished at step {max(steps, default=0)}"
-        if not any(r.get("state") == "placed" for r in self.registry.runners) and not self.runner_addr:
+        if not any(r.get("placed") for r in self.registry.runners) and not self.runner_addr:
             return "waiting for runners (join a node, or start the head with --slots)"
         return "training"
 

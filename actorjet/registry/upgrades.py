@@ -115,10 +115,12 @@ class UpgradeDesk:
                  f"{msg.name} has no version {to} (versions: "
                  f"{', '.join(str(v['version']) for v in store.index(msg.name)['versions'])})" if entry is None else
                  f"v{to} was refused ({entry.get('note', '').splitlines()[0] if entry.get('note') else ''}); "
-                 "upgrade with fixed code instead" if entry["state"] == "refused" else
-                 f"v{to} is already running" if to == source.version else "")
+                 "upgrade with fixed code instead" if entry["state"] == "refused" else "")
         if error:
             self._reply(sender, ok=False, name=msg.name, error=error)
+            return
+        if to == source.version:        # already there: a rollback is idempotent (scripts can repeat it)
+            self._reply(sender, ok=True, name=msg.name, version=to)
             return
         self._activate(msg.name, to, msg.policy, sender)
 

@@ -28,6 +28,7 @@ class RunnerSupervisor(ManagedActor):
         self.wanted = int(self.args.get("runners", 0))
         self.nodes: dict[str, dict] = {}                   # node_id → {name, slots}
         self.placed: dict[str, tuple[str, object]] = {}    # runner id → (node_id, address)
+        self.placed_at: dict[str, float] = {}              # runner id → when its incarnation started
         self.pending: list[str] = [f"runner-{i}" for i in range(self.wanted)]
         self.restart_times: dict[str, list[float]] = {}
         self._subscribe()
@@ -74,6 +75,7 @@ class RunnerSupervisor(ManagedActor):
     def _start(self, runner_id: str, node_id: str) -> None:
         addr = self.createActor(AgentRunner, targetActorRequirements={"node_id": node_id})
         self.placed[runner_id] = (node_id, addr)
+        self.placed_at[runner_id] = time.time()
         args = {**self.args, "runner_id": runner_id, "node_id": node_id,
                 "admission": self.nodes[node_id]["admission"]}
         context = {k: v for k, v in self.context.items() if k != "token"}   # runners never need the secret
@@ -112,8 +114,10 @@ class RunnerSupervisor(ManagedActor):
     def _report(self) -> None:
         if self.registry is None:
             return
-        runners = [{"id": r, "node_id": n, "state": "placed"} for r, (n, _) in sorted(self.placed.items())]
-        runners += [{"id": r, "node_id": None, "state": "waiting for a node"} for r in self.pending]
+        # "placed" is all this supervisor knows; the registry adds what each runner is doing
+        runners = [{"id": r, "node_id": n, "placed": True, "since": self.placed_at[r]}
+                   for r, (n, _) in sorted(self.placed.items())]
+        runners += [{"id": r, "node_id": None, "placed": False} for r in self.pending]
         self.send(self.registry, m.RunnersChanged(runners))
 
     def receiveMsg_Lookup(self, msg: m.Lookup, sender):

@@ -12,11 +12,15 @@ import traceback
 
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
-from actorjet.runtime import logs
+from actorjet.runtime import endpoints, logs
 from actorjet.runtime import messages as m
 from actorjet.runtime.node import on_node
 
 log = logs.log
+
+
+def where_i_run(path: str) -> m.ActorUp:
+    return m.ActorUp(path, os.getpid(), os.environ.get(endpoints.NODE_NAME_ENV, "?"), endpoints.advertise_host())
 
 
 class ManagedActor(ActorTypeDispatcher):
@@ -48,6 +52,8 @@ class ManagedActor(ActorTypeDispatcher):
         self.child_id, self.path, self.args = msg.child_id, msg.path, dict(msg.args)
         self.context, self.supervisor = dict(msg.context), msg.supervisor
         self.on_init()
+        if self.registry is not None:
+            self.send(self.registry, where_i_run(self.path))
 
     def receiveMsg_ContextUpdate(self, msg: m.ContextUpdate, sender):
         self.context.update(msg.context)

@@ -10,6 +10,7 @@ every actor of the node inherits:
     ACTORJET_ADVERTISE   the address put in their URLs (``--advertise``; default: the bind
                          address, or the address that faces the head for a joined node)
     ACTORJET_NODE_DIR    this node's own directory (ports, and later anything node-local)
+    ACTORJET_NODE_NAME   the node's name (``head``, or ``join --name``), for status
 
 A service's port is remembered per node in ``NODE_DIR/ports.json`` under its name (e.g.
 ``gateway.policy``), so a restarted gateway comes back on the same URL and runners and
@@ -28,10 +29,12 @@ from pathlib import Path
 from actorjet.runtime.logs import log
 
 BIND_ENV, ADVERTISE_ENV, NODE_DIR_ENV = "ACTORJET_BIND", "ACTORJET_ADVERTISE", "ACTORJET_NODE_DIR"
+NODE_NAME_ENV = "ACTORJET_NODE_NAME"
 
 
-def set_node_addresses(bind: str, advertise: str, node_dir: Path) -> None:
+def set_node_addresses(bind: str, advertise: str, node_dir: Path, name: str = "") -> None:
     """Called by the starter process before its actor system exists (actors inherit it)."""
+    os.environ[NODE_NAME_ENV] = name
     os.environ[BIND_ENV] = bind
     os.environ[ADVERTISE_ENV] = advertise
     os.environ[NODE_DIR_ENV] = str(node_dir)

@@ -177,6 +177,16 @@ class Status:
 
 
 @dataclass
+class ActorUp:
+    """Every managed actor, once started: where it runs (for `actorjet status --actors`:
+    an operator acting on a fault needs the PID and the node)."""
+    path: str
+    pid: int
+    node: str
+    host: str
+
+
+@dataclass
 class RestartCounts:
     """Root → registry after the registry (re)starts: restart counters per child path."""
     counts: dict
@@ -310,8 +320,9 @@ class LedgerCounts:
 
 @dataclass
 class Progress:
-    """Engine → registry, every second: its batch counter and the requests waiting for it
-    (the registry's watchdog finds an engine that is alive but stuck)."""
+    """Engine or gateway → registry, every second: a counter that moves while it works
+    (engine: batches; gateway: turns of its server loop) and how much work waits for it
+    (the registry's watchdog finds a child that is alive but stuck)."""
     model: str
     kind: str
     count: int
@@ -320,7 +331,8 @@ class Progress:
 
 @dataclass
 class Stall:
-    """Test hook for engines: the batcher thread sleeps ``seconds`` (an engine that hangs)."""
+    """Test hook: an engine's batcher thread, or a gateway's server loop, sleeps ``seconds``
+    (a child that hangs while its process answers)."""
     seconds: float
 
 

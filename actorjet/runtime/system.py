@@ -70,7 +70,8 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, bin
     ``advertise_ip`` is what other hosts reach this node at (thespian's and the HTTP
     services' URLs); ``bind_ip`` is where the HTTP services listen (default: the same)."""
     logs.configure(log_dir)
-    endpoints.set_node_addresses(bind_ip or advertise_ip, advertise_ip, node_dir or log_dir.parent)
+    endpoints.set_node_addresses(bind_ip or advertise_ip, advertise_ip, node_dir or log_dir.parent,
+                                 str(capabilities.get("name", "")))
     os.environ["THESPLOG_FILE"] = str(log_dir / "thespian.log")
     os.environ.setdefault("THESPLOG_THRESHOLD", "WARNING")
     os.environ["THESPIAN_BASE_IPADDR"] = advertise_ip
