@@ -1,9 +1,13 @@
-"""Runtime benchmark: restart latency, node-loss detection, registry round trip, orphans.
+"""Runtime benchmark: restart latency, node-loss detection, registry round trip, orphans,
+and what authenticating every actor frame costs.
 
-    python bench/runtime.py [--restarts 30] [--losses 3]
+    python bench/runtime.py [--restarts 30] [--losses 3] [--rounds 2]
 
-Prints a table and writes bench/results/runtime.json.  Everything runs on 127.0.0.1 and
-every process it starts is killed at the end (it counts what is left: must be 0).
+Restart latency and the registry round trip are measured with signed frames (as ActorJet
+always runs) and unsigned (thespian's plain pickle, for comparison only: the bench replaces
+``frames.install`` in a child process), in interleaved rounds of fresh processes.  Prints a
+table and writes bench/results/runtime.json.  Everything runs on 127.0.0.1 and every process
+it starts is killed at the end (it counts what is left: must be 0).
 """
 from __future__ import annotations
 
@@ -103,15 +107,52 @@ def node_loss(tmp: Path, trials: int, node_timeout: float) -> tuple[list[float],
     return detections, orphans + left
 
 
+def signing_rounds(restarts: int, rounds: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Restart latency and registry round trips, signed and unsigned, each round in fresh
+    processes (a process that installed the signer stays signed), interleaved."""
+    import subprocess
+
+    out = {"signed": ([], []), "unsigned": ([], [])}
+    for _ in range(rounds):
+        for mode in ("signed", "unsigned"):
+            child = subprocess.run([sys.executable, __file__, "--child", mode, "--restarts", str(restarts)],
+                                   capture_output=True, text=True, timeout=600, check=True)
+            lat, rtt = json.loads(child.stdout.strip().splitlines()[-1])
+            out[mode][0].extend(lat)
+            out[mode][1].extend(rtt)
+    return out
+
+
+def child(mode: str, restarts: int) -> None:
+    if mode == "unsigned":
+        from actorjet.runtime import frames
+        frames.install = lambda token: None          # for comparison only: thespian's own pickle
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(restart_latency(Path(tmp), restarts)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--restarts", type=int, default=30)
+    ap.add_argument("--restarts", type=int, default=30, help="restarts per round and mode")
     ap.add_argument("--losses", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved signed/unsigned rounds")
     ap.add_argument("--node-timeout", type=float, default=6.0, help="the default of `actorjet start`")
+    ap.add_argument("--child", choices=["signed", "unsigned"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        child(args.child, args.restarts)
+        return
+    modes = signing_rounds(args.restarts, args.rounds)
+    lat, rtt = modes["signed"]
     with tempfile.TemporaryDirectory() as tmp:
-        lat, rtt = restart_latency(Path(tmp), args.restarts)
         det, orphans = node_loss(Path(tmp), args.losses, args.node_timeout)
+    signing = {}
+    for mode, (m_lat, m_rtt) in modes.items():
+        signing[mode] = {"restart_latency_median_ms": statistics.median(m_lat),
+                         "registry_round_trip_mean_ms": statistics.mean(m_rtt),
+                         "registry_round_trip_median_ms": statistics.median(m_rtt), "n": len(m_lat)}
+    slower = {k: signing["signed"][k] / signing["unsigned"][k] - 1
+              for k in ("restart_latency_median_ms", "registry_round_trip_median_ms")}
     result = {
         "restart_latency_ms": {"median": statistics.median(lat), "p90": sorted(lat)[int(0.9 * len(lat)) - 1],
                                "max": max(lat), "n": len(lat)},
@@ -119,13 +160,19 @@ def main() -> None:
                                   "node_timeout_s": args.node_timeout},
         "registry_round_trip_ms": {"mean": statistics.mean(rtt), "p99": sorted(rtt)[int(0.99 * len(rtt)) - 1]},
         "orphans_after_head_restart_and_cleanup": orphans,
-        "targets": {"restart_latency_median_ms": "< 100", "node_loss_s": "<= 10", "orphans": 0},
+        "signing": {**signing, "signed_slower_by": slower},
+        "targets": {"restart_latency_median_ms": "< 100", "node_loss_s": "<= 10", "orphans": 0,
+                    "signed_slower_by": "<= 10%"},
     }
     rows = [("restart latency (kill → answering)", f"median {result['restart_latency_ms']['median']:.1f} ms, "
              f"max {result['restart_latency_ms']['max']:.1f} ms", "< 100 ms median"),
             ("node loss detected", f"median {statistics.median(det):.2f} s, max {max(det):.2f} s", "<= 10 s"),
             ("registry round trip", f"mean {result['registry_round_trip_ms']['mean']:.2f} ms", "-"),
             ("orphan processes", str(orphans), "0")]
+    for key, label in (("restart_latency_median_ms", "restart latency median"),
+                       ("registry_round_trip_median_ms", "registry round trip median")):
+        rows.append((f"{label}: signed vs unsigned", f"{signing['signed'][key]:.2f} vs "
+                     f"{signing['unsigned'][key]:.2f} ms ({100 * slower[key]:+.1f}%)", "<= +10%"))
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  {'result':<40}  target")
     for name, value, target in rows:

@@ -1,12 +1,13 @@
 """Ask a head from inside its own host (network namespace): tests and benches run this with
 the host's ``ip netns exec`` prefix, since a head's admin port is that host's loopback.
 
-    python tests/headctl.py PORT     then, one per line on stdin, one JSON line back:
+    ACTORJET_TOKEN=T python tests/headctl.py PORT     then, one per line on stdin, one JSON line back:
         status            → the registry's status
         pid TREE/PATH     → {"pid": N} of that actor (null if absent)
     errors come back as {"error": "..."}; the handle re-attaches after a head restart.
 """
 import json
+import os
 import sys
 
 import actorjet  # noqa: F401  - convention timings before thespian loads
@@ -29,7 +30,7 @@ if __name__ == "__main__":
     port, handle = int(sys.argv[1]), None
     for line in sys.stdin:
         try:
-            handle = handle or attach_root(port)
+            handle = handle or attach_root(port, os.environ["ACTORJET_TOKEN"])
             out = answer(handle, line.split())
         except Exception as e:  # noqa: BLE001 - reported to the asker, who retries
             handle, out = None, {"error": f"{type(e).__name__}: {e}"}

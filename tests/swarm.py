@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from actorjet.runtime import system
+from actorjet.runtime import frames, system
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,6 +77,7 @@ class Swarm:
         self.ports: list[int] = []
         self.env = dict(os.environ, ACTORJET_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
         self.ctls: dict[tuple, subprocess.Popen] = {}     # (namespace, port) → headctl.py
+        self.tokens: dict[int, str] = {}                   # head port → its cluster token
 
     def env_of(self, host=None) -> dict:
         """A host in its own namespace also gets its own ACTORJET_HOME (hosts share nothing)."""
@@ -94,6 +95,8 @@ class Swarm:
         self.procs.append(proc)
         # The first head of a fresh machine builds the zoo models it needs (~1 min on 2 busy cores).
         token = proc.wait_for(r"--token (\S+)", timeout_s=300).group(1)
+        self.tokens[port] = token
+        frames.install(token)       # this process's actor frames (status, lookups) are signed with it
         return proc, port, token
 
     def join(self, port: int, token: str, name: str, slots: int = 1, head_host: str = "127.0.0.1",
@@ -193,7 +196,8 @@ class Swarm:
         if proc is None or proc.poll() is not None:
             proc = self.ctls[key] = subprocess.Popen(
                 host.prefix + [sys.executable, str(REPO / "tests" / "headctl.py"), str(port)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env_of(host), cwd=REPO)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                env=dict(self.env_of(host), ACTORJET_TOKEN=self.tokens[port]))
         proc.stdin.write(" ".join([verb, *map(str, args)]) + "\n")
         proc.stdin.flush()
         out = json.loads(proc.stdout.readline() or '{"error": "headctl exited"}')

@@ -63,7 +63,7 @@ from actorjet.registry.behaviors import sign_upload
 from actorjet.runtime import messages as m
 from actorjet.runtime.head import attach_root, lookup
 port, token = int(sys.argv[1]), sys.argv[2]
-asys, root = attach_root(port)
+asys, root = attach_root(port, token)
 registry = lookup(asys, root, "registry")
 good = sign_upload(token, "arithmetic", b"\\x80\\x04N.", "test")
 flipped = dict(good, blob=b"\\x80\\x04X.")

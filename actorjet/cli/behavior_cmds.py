@@ -107,10 +107,10 @@ def pickle_behavior(ref: str) -> tuple[bytes, str]:
 
 # -- talking to the head -----------------------------------------------------------------
 
-def _registry(port: int):
+def _registry(port: int, token: str):
     from actorjet.runtime.head import attach_root, lookup
 
-    asys, root = attach_root(port)
+    asys, root = attach_root(port, token)
     registry = lookup(asys, root, "registry")
     if registry is None:
         raise UserError("the registry is not answering (restarting?); try again")
@@ -133,9 +133,9 @@ def wait_for_runners(asys, registry, name: str, version: int, timeout_s: float) 
         time.sleep(0.05)
 
 
-def send(port: int, msg, timeout_s: float, wait_s: float) -> tuple[m.UpgradeReply, float, list[str]]:
+def send(port: int, token: str, msg, timeout_s: float, wait_s: float) -> tuple[m.UpgradeReply, float, list[str]]:
     """Send an Upgrade/Rollback; (reply, seconds until all runners ran it, runners behind)."""
-    asys, registry = _registry(port)
+    asys, registry = _registry(port, token)
     reply = asys.ask(registry, msg, timeout_s)
     if not isinstance(reply, m.UpgradeReply):
         raise UserError(f"the registry did not answer within {timeout_s:g} s")
@@ -169,12 +169,12 @@ def cmd_upgrade(args) -> int:
     if args.canary:
         print(f"running {args.canary} canary episode{'s' * (args.canary != 1)} of the new code…", flush=True)
     msg = m.Upgrade(upload, args.canary, args.policy, args.timeout)
-    reply, took, behind = send(head_port(args), msg, args.timeout + 10, args.timeout)
+    reply, took, behind = send(head_port(args), head_token(args), msg, args.timeout + 10, args.timeout)
     return _report(reply, took, behind, "upgrade")
 
 
 def cmd_rollback(args) -> int:
-    from actorjet.cli.node_cmds import head_port
+    from actorjet.cli.node_cmds import head_port, head_token
 
-    reply, took, behind = send(head_port(args), m.Rollback(args.name, args.to, args.policy), 15, args.timeout)
+    reply, took, behind = send(head_port(args), head_token(args), m.Rollback(args.name, args.to, args.policy), 15, args.timeout)
     return _report(reply, took, behind, "rollback")

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 from actorjet.errors import UserError
+from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 
 DEFAULT_RUN_DIR = "runs/default"
@@ -57,6 +58,10 @@ def add_start(sub) -> None:
                    "(default: --port + 1)")
     p.add_argument("--node-timeout", type=float, default=6.0,
                    help="seconds without heartbeat before a node counts as lost (default %(default)s)")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="the cluster token to use, read from FILE (or set ACTORJET_TOKEN); default: the "
+                   "run directory's, else a new random one. It is the cluster key (docs/security.md)")
+    add_tls_options(p, serve_help="the gateways on this machine serve HTTPS with this certificate (PEM)")
     p.set_defaults(func=cmd_start)
 
 
@@ -69,10 +74,11 @@ def cmd_start(args) -> int:
     job = prepare(load_job(args.config) if args.config else normalize({}))
     if args.node_timeout <= 0:
         raise UserError("--node-timeout must be > 0")
+    endpoints.set_tls(args.tls_cert, args.tls_key, None)
     stop = _Stop()
     head = Head(Path(args.run_dir), tree, job, host=args.host, port=args.port, slots=args.slots,
                 node_timeout_s=args.node_timeout, heartbeat_s=min(1.0, args.node_timeout / 4),
-                advertise=args.advertise, door_port=args.door_port)
+                advertise=args.advertise, door_port=args.door_port, token=given_token(args))
     head.start()
     for note in head.notes:
         _say(f"note: {note}")
@@ -108,7 +114,9 @@ def add_join(sub) -> None:
                        "(NAT, a laptop, a firewall) joins with --outbound and the door URL that "
                        "`actorjet start` prints.")
     p.add_argument("head", metavar="HOST:PORT", help="the head's address; with --outbound, its door URL")
-    p.add_argument("--token", required=True, help="the token printed by `actorjet start`")
+    p.add_argument("--token", default=None, help="the token printed by `actorjet start` (visible in `ps`; "
+                   "--token-file or ACTORJET_TOKEN keep it out of the process list)")
+    p.add_argument("--token-file", default=None, metavar="FILE", help="read the token from FILE")
     p.add_argument("--slots", type=int, default=1, help="concurrent runners on this node (default 1)")
     p.add_argument("--name", default=None, help="node name (default: this host's name)")
     p.add_argument("--port", type=int, default=None, help="this node's own admin port (default: a free one)")
@@ -123,6 +131,10 @@ def add_join(sub) -> None:
                    "firewalls); no pushed upgrades, canaries or process isolation on such a node")
     p.add_argument("--concurrency", type=int, default=16,
                    help="with --outbound: episodes in flight per slot (default %(default)s)")
+    add_tls_options(p, serve_help="gateways placed on this node serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-ca", default=None, metavar="PEM",
+                   help="trust this certificate for the gateways' HTTPS (a self-signed gateway "
+                   "certificate: pass the certificate itself); default: the system's roots")
     p.set_defaults(func=cmd_join)
 
 
@@ -132,6 +144,11 @@ def cmd_join(args) -> int:
     from actorjet.runtime.member import Member
 
     name = args.name or socket.gethostname()
+    endpoints.set_tls(args.tls_cert, args.tls_key, args.tls_ca)
+    args.token = given_token(args)
+    if not args.token:
+        raise UserError("joining needs the cluster token that `actorjet start` printed: "
+                        "--token T, --token-file FILE or ACTORJET_TOKEN")
     if args.outbound:
         return _join_outbound(args, name)
     member = Member(args.head, args.token, name, slots=args.slots, port=args.port,
@@ -202,17 +219,17 @@ def cmd_stop(args) -> int:
     from actorjet.runtime import system
 
     head_file = Path(args.run_dir) / "head.json"
-    port, stopped_head = args.port, False
+    port, stopped_head, token = args.port, False, None
     if head_file.exists() and port is None:
         info = _read_json(head_file, "")
-        port = info["port"]
+        port, token = info["port"], info.get("token")
         if info.get("head_pid") and psutil.pid_exists(info["head_pid"]):
             _terminate(info["head_pid"], "head process")      # it stops its own actor system
             stopped_head = True
             _say(f"stopped the head (pid {info['head_pid']}) of {args.run_dir} on port {port}")
     if port is None:
         raise UserError(f"no head.json in {args.run_dir}; pass --run-dir or --port")
-    if system.shutdown_system(port):
+    if system.shutdown_system(port, token=token):
         _say(f"stopped {'what was left of ' if stopped_head else ''}the actor system on port {port}")
     elif not stopped_head:
         _say(f"nothing is running on port {port}")
@@ -232,7 +249,7 @@ def add_status(sub) -> None:
 def cmd_status(args) -> int:
     from actorjet.runtime.head import attach_root, status
 
-    asys, root = attach_root(head_port(args))   # a client handle: never shut it down (that stops the head)
+    asys, root = attach_root(head_port(args), head_token(args))   # a client handle: never shut it down (that stops the head)
     data = status(asys, root)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -248,8 +265,9 @@ def add_head_options(p) -> None:
     """--head / --token / --run-dir: how every command that talks to a head finds it, the same way."""
     p.add_argument("--head", default=None, help="HOST:PORT of a head running on this machine "
                    "(default: from --run-dir, else 127.0.0.1:1900)")
-    p.add_argument("--token", default=None, help="cluster token, where the command needs it "
-                   "(default: read from --run-dir/head.json)")
+    p.add_argument("--token", default=None, help="cluster token (default: --token-file, $ACTORJET_TOKEN, "
+                   "else read from --run-dir/head.json)")
+    p.add_argument("--token-file", default=None, metavar="FILE", help="read the cluster token from FILE")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="the head's run directory (default %(default)s)")
 
 
@@ -264,11 +282,33 @@ def head_port(args) -> int:
     return 1900
 
 
-def head_token(args) -> str:
-    """The cluster secret: --token, else the head's run dir (head.json is readable only by
-    the user who started the head)."""
+def add_tls_options(p, serve_help: str) -> None:
+    p.add_argument("--tls-cert", default=None, metavar="PEM", help=serve_help)
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+
+
+def given_token(args) -> str | None:
+    """The token the user gave: --token, else --token-file, else $ACTORJET_TOKEN (None: none).
+    A file or the environment keeps the secret out of the process list."""
     if getattr(args, "token", None):
         return args.token
+    if getattr(args, "token_file", None):
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as e:
+            raise UserError(f"--token-file {args.token_file}: {e.strerror}") from None
+        if not token:
+            raise UserError(f"--token-file {args.token_file} is empty")
+        return token
+    return os.environ.get("ACTORJET_TOKEN") or None
+
+
+def head_token(args) -> str:
+    """The cluster secret: as given (``given_token``), else the head's run dir (head.json is
+    readable only by the user who started the head)."""
+    token = given_token(args)
+    if token:
+        return token
     info = _read_json(Path(args.run_dir) / "head.json", "pass --token (printed by `actorjet start`) or --run-dir")
     return info["token"]
 

@@ -69,6 +69,9 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
                       + (f" ({dropped})" if dropped else "")
                       + f", open {groups.get('groups_open', 0)}, late results rejected "
                       f"{groups.get('late_results_rejected', 0)}")
+    if data.get("rejected_frames"):
+        console.print(f"[red]unauthenticated actor frames dropped: {data['rejected_frames']}[/red] "
+                      "(see each node's actors.log for the senders)")
     if data.get("nodes_lost"):
         console.print(f"nodes lost: {data['nodes_lost']}")
     if data.get("stalls_detected"):

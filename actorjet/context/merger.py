@@ -34,9 +34,11 @@ from actorjet.ledger import Ledger
 from actorjet.models.openai_api import render_prompt
 from actorjet.models.serve import AppServer
 from actorjet.rewards import bad_reward
+from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
+from actorjet.runtime.tokens import bearer_ok
 
 
 TICK_S = 0.2     # re-check the ledger: groups released by a learner, tasks that stalled
@@ -50,7 +52,7 @@ def collect_calls(gateway_url: str, token: str, episode_ids: list[str], release:
     body = {"episodes": episode_ids, "close": False, "release": release}
     req = urllib.request.Request(base + "/internal/collect", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
+    with urllib.request.urlopen(req, timeout=60, context=endpoints.client_ssl()) as resp:
         return json.loads(resp.read())
 
 
@@ -125,7 +127,7 @@ class Merger(ManagedActor):
         """Batch files for learners, wherever they run; each is served whole, then deleted
         (a learner that dies after fetching one gets its groups back through Rewind)."""
         async def get(request):
-            if request.headers.get("Authorization", "") != f"Bearer {self.context['token']}":
+            if not bearer_ok(request.headers.get("Authorization"), self.context["token"]):
                 return web.json_response({"error": {"message": "this endpoint needs the cluster token"}}, status=403)
             name = request.match_info["name"]
             path = self.out_dir / name

@@ -9,7 +9,6 @@ batches, so no request is ever dropped by a weight update.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from datetime import timedelta
 
@@ -21,6 +20,7 @@ from actorjet.models.engine import GenRequest, RequestFailed
 from actorjet.models.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.tokens import bearer_ok
 
 
 PROGRESS_S = 1.0
@@ -41,8 +41,7 @@ def engine_app(engine, token: str | None = None) -> web.Application:
     """``token``: the cluster token every caller must send (the endpoint listens on the node's
     network address); None only for in-process tests."""
     async def generate(request):
-        if token is not None and not hmac.compare_digest(request.headers.get("Authorization", "").encode(),
-                                                         f"Bearer {token}".encode()):
+        if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
             return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
         try:
             body = json.loads(await request.read())

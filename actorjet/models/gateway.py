@@ -25,6 +25,7 @@ from actorjet.models.engine import GenRequest, GenResult, RequestFailed
 from actorjet.models.openai_api import ApiError
 from actorjet.models.records import CallRecord, CallStore
 from actorjet.rewards import bad_reward
+from actorjet.runtime.tokens import bearer_ok
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
@@ -85,7 +86,7 @@ class Gateway:
 
     def _cluster(self, request) -> None:
         auth = request.headers.get("Authorization", "")
-        if auth != f"Bearer {self.secret}":
+        if not bearer_ok(auth, self.secret):
             raise ApiError(403, "this endpoint needs the cluster token", kind="permission_error")
 
     async def _json(self, request) -> dict:

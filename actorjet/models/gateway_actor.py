@@ -103,7 +103,7 @@ class Gateway(ManagedActor):
                               directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]))
         # bound to this node's address and advertised as reachable from other hosts; a
         # restarted gateway comes back on the same port (runtime/endpoints.py)
-        self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"])
+        self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"], tls=True)
         self._announce()
         self.send(self.registry, m.Subscribe("directory"))
         self.reported = 0.0

@@ -23,11 +23,13 @@ BEAT_S = 0.25
 
 class AppServer:
     def __init__(self, app: web.Application, name: str = "", host: str | None = None, port: int = 0,
-                 crash_on_thread_death: bool | None = None):
+                 crash_on_thread_death: bool | None = None, tls: bool = False):
         """``name``: one of this node's services (the actors' servers; its thread dying takes
         the actor with it unless ``crash_on_thread_death`` says otherwise); no name: a plain
-        server on ``host`` (tests)."""
+        server on ``host`` (tests).  ``tls``: serve HTTPS if the node has a certificate
+        (``start --tls-cert``; the gateways)."""
         self.app, self.name = app, name
+        self.ssl = endpoints.server_ssl() if tls else None
         self.host = host or endpoints.bind_host()
         self.wanted = port or (endpoints.remembered_port(name) if name else 0)
         self.port = self.wanted
@@ -76,14 +78,16 @@ class AppServer:
         self.loop.call_soon_threadsafe(time.sleep, seconds)
 
     def _listen(self, port: int) -> int:
-        site = web.TCPSite(self.runner, self.host, port, reuse_address=True)
+        site = web.TCPSite(self.runner, self.host, port, reuse_address=True, ssl_context=self.ssl)
         self.loop.run_until_complete(site.start())
         return site._server.sockets[0].getsockname()[1]
 
     @property
     def url(self) -> str:
         """The URL other hosts use (the node's advertised address, not the bind address)."""
-        return endpoints.url(self.port) if self.name else f"http://{self.host}:{self.port}"
+        if self.name:
+            return endpoints.url(self.port, tls=self.ssl is not None)
+        return f"{'https' if self.ssl else 'http'}://{self.host}:{self.port}"
 
     def call(self, coro, timeout: float = 30):
         """Run a coroutine on the server's loop from another thread."""

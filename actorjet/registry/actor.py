@@ -18,6 +18,7 @@ from thespian.actors import ActorSystemConventionUpdate, ChildActorExited, Wakeu
 
 from actorjet.registry.episodes import EpisodeDesk
 from actorjet.registry.nodes import NodeTable
+from actorjet.runtime import frames
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor, where_i_run
 from actorjet.runtime.node import NodeLink
@@ -101,6 +102,7 @@ class Registry(ManagedActor):
         if node is None:
             return
         self.table.seen(node.node_id)
+        node.rejected_frames = int((msg.info or {}).get("rejected_frames", node.rejected_frames))
         if not node.alive and node.lost_reason.startswith("no heartbeat"):
             # Back after a network cut: a fresh admission makes it drop its old runners.
             self.admissions += 1
@@ -158,8 +160,12 @@ class Registry(ManagedActor):
                    for r in self.runners]
         actors = [{**a, "up_s": round(now - a["since"]), "restarts": self.restarts.get(path, 0)}
                   for path, a in sorted(self.actors.items())]
+        for node in self.table.nodes.values():
+            if node.is_head:
+                node.rejected_frames = frames.rejected_on_node()
         data = {"head_epoch": self.epoch,
                 "nodes": [n.public() for n in self.table.nodes.values()],
+                "rejected_frames": sum(n.rejected_frames for n in self.table.nodes.values()),
                 "nodes_lost": self.table.lost_count,
                 "runners": runners,
                 "actors": actors,

@@ -20,6 +20,7 @@ import urllib.request
 
 from actorjet.errors import UserError
 from actorjet.runner.llm import LLM
+from actorjet.runtime import endpoints
 
 
 RETRY_S = 60.0     # a gateway that restarts comes back on the same URL within seconds
@@ -33,7 +34,7 @@ def _post(url: str, key: str, body: dict, retry_s: float = RETRY_S) -> dict:
         req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=endpoints.client_ssl()) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as e:
             try:

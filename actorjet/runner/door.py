@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import itertools
 import json
 import queue
@@ -36,6 +35,7 @@ from actorjet.models.serve import AppServer
 from actorjet.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.tokens import bearer_ok
 
 POLL_S = 0.02
 ASK_TIMEOUT_S = 10.0
@@ -118,7 +118,7 @@ class Door(ManagedActor):
 
     async def _body(self, request) -> dict:
         auth = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(auth.encode(), f"Bearer {self.context['token']}".encode()):
+        if not bearer_ok(auth, self.context["token"]):
             raise ApiError(401, "the door needs the cluster token: 'Authorization: Bearer <token>'",
                            code="invalid_api_key", kind="authentication_error")
         try:

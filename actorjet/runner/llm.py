@@ -15,6 +15,8 @@ import threading
 
 import openai
 
+from actorjet.runtime import endpoints
+
 _shared = threading.local()
 
 
@@ -25,8 +27,10 @@ def _base_client(base_url: str, role: str) -> openai.OpenAI:
         cache = _shared.clients = {}
     key = (base_url, role)
     if key not in cache:
+        trust = endpoints.client_ssl() if base_url.startswith("https:") else None   # a self-signed gateway
+        http = openai.DefaultHttpxClient(verify=trust) if trust is not None else None
         cache[key] = openai.OpenAI(base_url=base_url, api_key="unset", max_retries=6, timeout=600,
-                                   default_headers={"X-ActorJet-Role": role})
+                                   default_headers={"X-ActorJet-Role": role}, http_client=http)
     return cache[key]
 
 

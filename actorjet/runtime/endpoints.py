@@ -11,6 +11,9 @@ every actor of the node inherits:
                          address, or the address that faces the head for a joined node)
     ACTORJET_NODE_DIR    this node's own directory (ports, and later anything node-local)
     ACTORJET_NODE_NAME   the node's name (``head``, or ``join --name``), for status
+    ACTORJET_TLS_CERT/KEY  the gateways of this node serve HTTPS with this certificate
+    ACTORJET_TLS_CA      extra certificate(s) this node's clients trust for the gateways
+                         (a self-signed gateway certificate: give the certificate itself)
 
 A service's port is remembered per node in ``NODE_DIR/ports.json`` under its name (e.g.
 ``gateway.policy``), so a restarted gateway comes back on the same URL and runners and
@@ -24,12 +27,15 @@ import fcntl
 import json
 import os
 import socket
+import ssl
 from pathlib import Path
 
+from actorjet.errors import UserError
 from actorjet.runtime.logs import log
 
 BIND_ENV, ADVERTISE_ENV, NODE_DIR_ENV = "ACTORJET_BIND", "ACTORJET_ADVERTISE", "ACTORJET_NODE_DIR"
 NODE_NAME_ENV = "ACTORJET_NODE_NAME"
+TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "ACTORJET_TLS_CERT", "ACTORJET_TLS_KEY", "ACTORJET_TLS_CA"
 
 
 def set_node_addresses(bind: str, advertise: str, node_dir: Path, name: str = "") -> None:
@@ -66,8 +72,46 @@ def local_run_dir(context: dict) -> Path:
     return local
 
 
-def url(port: int) -> str:
-    return f"http://{advertise_host()}:{port}"
+def url(port: int, tls: bool = False) -> str:
+    return f"{'https' if tls else 'http'}://{advertise_host()}:{port}"
+
+
+def set_tls(cert: str | None, key: str | None, ca: str | None) -> None:
+    """Checked once by the starter (a clear error now, not in an actor later); the node's
+    actors inherit it.  Without ``ca``, a node that serves with ``cert`` trusts it itself."""
+    if bool(cert) != bool(key):
+        raise UserError("--tls-cert and --tls-key go together")
+    try:
+        if cert:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        if ca:
+            ssl.create_default_context().load_verify_locations(ca)
+    except (OSError, ssl.SSLError) as e:
+        raise UserError(f"TLS files: {e}") from None
+    for name, value in ((TLS_CERT_ENV, cert), (TLS_KEY_ENV, key), (TLS_CA_ENV, ca or cert)):
+        if value:
+            os.environ[name] = str(Path(value).resolve())
+
+
+def server_ssl() -> ssl.SSLContext | None:
+    """The gateways' TLS context on this node (None: plain HTTP)."""
+    cert, key = os.environ.get(TLS_CERT_ENV), os.environ.get(TLS_KEY_ENV)
+    if not cert or not key:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+def client_ssl() -> ssl.SSLContext | None:
+    """What this node's clients of an https gateway verify it with: the system's roots plus
+    ACTORJET_TLS_CA (None: the defaults)."""
+    ca = os.environ.get(TLS_CA_ENV)
+    if not ca:
+        return None
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(ca)
+    return ctx
 
 
 def remembered_port(name: str) -> int:

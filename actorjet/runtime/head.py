@@ -67,12 +67,14 @@ def write_head_file(run_dir: Path, data: dict) -> None:
 class Head:
     def __init__(self, run_dir: Path, tree: ChildSpec, job: dict | None = None, host: str = "127.0.0.1",
                  port: int = 1900, slots: int = 0, node_timeout_s: float = 6.0,
-                 heartbeat_s: float = 1.0, advertise: str | None = None, door_port: int | None = None):
+                 heartbeat_s: float = 1.0, advertise: str | None = None, door_port: int | None = None,
+                 token: str | None = None):
         self.run_dir, self.tree, self.job = Path(run_dir), tree, job or {}
         self.host, self.port, self.slots = host, port, slots
         self.advertise = advertise or (host if host not in ("0.0.0.0", "") else socket.gethostname())
         self.node_timeout_s, self.heartbeat_s = node_timeout_s, heartbeat_s
         self.door_port = door_port if door_port is not None else port + 1   # outbound nodes' door (HTTP)
+        self.given_token = token                 # --token-file / $ACTORJET_TOKEN; else the run's, else new
         self.asys = None
         self.root = None
         self.notes: list[str] = []
@@ -83,14 +85,16 @@ class Head:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = read_head_file(self.run_dir)
         self._clean_stale(state)
-        self.token = state.get("token") or secrets.token_hex(16)   # never starts with "-" (argparse)
+        self.token = self.given_token or state.get("token") or secrets.token_hex(16)   # hex: never starts with "-"
+        if self.given_token and state.get("token") and state["token"] != self.given_token:
+            self.notes.append("this run had another token: nodes joined with the old one must join again")
         self.epoch = int(state.get("epoch", 0)) + 1
         self.run_id = state.get("run_id") or uuid.uuid4().hex[:12]   # names this run's files on other nodes
         caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.advertise, self.port),
                 "actorjet_role": "head", "node_id": f"head-{uuid.uuid4().hex[:8]}", "name": "head",
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count()}
         os.environ["ACTORJET_TOKEN"] = self.token      # local runners check behaviors with it
-        self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.advertise,
+        self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.advertise, self.token,
                                               bind_ip=self.host, node_dir=self.run_dir)
         context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir), "run_id": self.run_id,
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},
@@ -116,7 +120,7 @@ class Head:
         ours = state.get("port") == self.port and pid and not psutil.pid_exists(pid)
         if not ours:
             return    # start_actor_system reports the port as taken
-        system.shutdown_system(self.port)
+        system.shutdown_system(self.port, token=state.get("token"))
         self.notes.append(f"stopped a stale actor system left on port {self.port} by head pid {pid}")
 
     def join_command(self) -> str:
@@ -170,7 +174,8 @@ def status(asys, root, timeout_s: float = 5.0) -> dict:
     return reply.data
 
 
-def attach_root(port: int):
-    """(client system, root address) for a head on this machine's ``port``."""
-    asys = system.attach(port)
+def attach_root(port: int, token: str | None = None):
+    """(client system, root address) for a head on this machine's ``port``; ``token``: its
+    cluster token (needed once per process: actor frames are signed with its key)."""
+    asys = system.attach(port, token)
     return asys, asys.createActor(Supervisor, globalName=ROOT_NAME)

@@ -53,14 +53,15 @@ class Member:
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
                 "actorjet_auth": node_auth(self.token, self.node_id)}
         os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
-        self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise, bind_ip=bind,
+        self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise, self.token, bind_ip=bind,
                                               node_dir=self.state_dir)
         self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         reply = self.asys.ask(self.agent, m.WaitAdmission(self.timeout_s), self.timeout_s)
         if not isinstance(reply, m.Admission):
             self.shutdown()
             raise UserError(f"the head at {self.head_host}:{self.head_port} did not admit this node "
-                            f"within {self.timeout_s:g} s (is it an ActorJet head? are the "
+                            f"within {self.timeout_s:g} s (is --token right? the head drops every frame it "
+                            "cannot authenticate, so a wrong token looks like silence; is it an ActorJet head? are the "
                             "convention timings the same on both sides? the head must be able to connect "
                             f"back to this machine at {advertise}:{self.port}; behind NAT or a firewall, "
                             "join with --outbound and the door URL `actorjet start` printed)")

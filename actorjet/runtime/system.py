@@ -17,7 +17,7 @@ import psutil
 from thespian.actors import ActorSystem, InvalidActorAddress
 
 from actorjet.errors import UserError
-from actorjet.runtime import endpoints, logs
+from actorjet.runtime import endpoints, frames, logs
 
 BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
@@ -63,15 +63,18 @@ def thespian_log_defs(log_dir: Path) -> dict:
             "root": {"handlers": ["file"], "level": "WARNING"}}
 
 
-def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, bind_ip: str | None = None,
-                       node_dir: Path | None = None) -> ActorSystem:
+def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, token: str,
+                       bind_ip: str | None = None, node_dir: Path | None = None) -> ActorSystem:
     """Start (not attach to) an actor system with these capabilities, logging under log_dir.
 
     ``advertise_ip`` is what other hosts reach this node at (thespian's and the HTTP
-    services' URLs); ``bind_ip`` is where the HTTP services listen (default: the same)."""
+    services' URLs); ``bind_ip`` is where the HTTP services listen (default: the same).
+    Every actor frame is signed with ``token``'s key and checked before it is unpickled
+    (runtime/frames.py); the admin and the actors fork from here and inherit it."""
     logs.configure(log_dir)
     endpoints.set_node_addresses(bind_ip or advertise_ip, advertise_ip, node_dir or log_dir.parent,
                                  str(capabilities.get("name", "")))
+    frames.install(token)
     os.environ["THESPLOG_FILE"] = str(log_dir / "thespian.log")
     os.environ.setdefault("THESPLOG_THRESHOLD", "WARNING")
     os.environ["THESPIAN_BASE_IPADDR"] = advertise_ip
@@ -88,10 +91,15 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, bin
                         f"is {advertise_ip} an address of this machine? see {log_dir}") from None
 
 
-def attach(port: int) -> ActorSystem:
-    """A client handle on the local system at ``port`` (never starts a new one)."""
+def attach(port: int, token: str | None = None) -> ActorSystem:
+    """A client handle on the local system at ``port`` (never starts a new one).  Its frames
+    are signed with ``token`` (or the key this process already installed)."""
     if not port_in_use("127.0.0.1", port):
         raise UserError(f"no ActorJet system is listening on port {port}")
+    if token:
+        frames.install(token)
+    elif not frames.installed():
+        raise UserError("talking to a head needs the cluster token: pass --token, or --run-dir of the head")
     return ActorSystem(BASE, {"Admin Port": port}, transientUnique=True)
 
 
@@ -117,13 +125,21 @@ def system_processes(port: int) -> list[psutil.Process]:
     return procs
 
 
-def shutdown_system(port: int, timeout_s: float = 10.0) -> bool:
-    """Stop the system on ``port`` politely, then by signal if it does not go away."""
+def shutdown_system(port: int, timeout_s: float = 10.0, token: str | None = None) -> bool:
+    """Stop the system on ``port`` politely (only possible with its token), then by signal
+    if it does not go away."""
     procs = system_processes(port)
     if not procs:
         return False
-    with contextlib.suppress(Exception):
-        ActorSystem(BASE, {"Admin Port": port}, transientUnique=True).shutdown()
+    if token:
+        frames.install(token)
+    if frames.installed():
+        with contextlib.suppress(Exception):
+            ActorSystem(BASE, {"Admin Port": port}, transientUnique=True).shutdown()
+    else:
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
     reap(procs, timeout_s)
     return True
 

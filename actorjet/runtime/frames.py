@@ -1,0 +1,169 @@
+"""Authenticated actor transport: every thespian TCP frame carries an HMAC of its bytes,
+checked before anything is unpickled.
+
+thespian's TCP transport unpickles whatever arrives on an actor or admin port, so anyone who
+can reach a port could run code there.  Its frames are built and read through one module-level
+serializer (``thespian.system.transport.TCPTransport.serializer``) plus two pre-built ACK frames.
+``install(token)`` replaces both, in this process and every process that forks from it later
+(thespian forks its admin and actors): a frame is ``tag || pickle`` with ``tag =
+HMAC-SHA256(key, pickle)``, the key derived from the cluster token (HKDF-SHA256).  A frame
+whose tag does not verify (constant-time) is dropped unread: ``loads`` returns a marker that
+thespian's receive path rejects as malformed, the frame is counted, and the peer is logged at
+most once per ``LOG_EVERY_S``.  Frames are authenticated, not encrypted, and not protected
+against replay (docs/security.md).
+
+The counter lives per process; a process started under a node directory also writes it to
+``NODE_DIR/security/rejected.PID``, which the node's status reads (``rejected_frames``).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import pickle
+import time
+from pathlib import Path
+
+from actorjet.errors import UserError
+from actorjet.runtime import endpoints
+from actorjet.runtime.logs import log
+
+THESPIAN_VERSION = "4.0.1"        # the transport shape below was checked against this release
+TAG_BYTES = 32
+LOG_EVERY_S = 10.0
+INFO = b"actorjet thespian frames v1"
+
+
+def derive_key(token: str) -> bytes:
+    """HKDF-SHA256 (RFC 5869) of the cluster token: one 32-byte key for frames, distinct from
+    every other use of the token."""
+    prk = hmac.new(b"actorjet", token.encode(), hashlib.sha256).digest()
+    return hmac.new(prk, INFO + b"\x01", hashlib.sha256).digest()
+
+
+class Rejected:
+    """What ``loads`` returns for a frame that failed authentication: not iterable and not a
+    control message, so thespian's receive path drops it as malformed and never delivers it."""
+
+    def __repr__(self) -> str:
+        return "<unauthenticated frame, dropped unread>"
+
+
+REJECTED = Rejected()
+
+
+class SignedPickle:
+    """The serializer thespian's TCP transport uses once ``install`` ran (``dumps``/``loads``)."""
+
+    def __init__(self, key: bytes):
+        self.key = key
+        self.rejected = 0
+        self._logged: dict[str, float] = {}
+
+    def dumps(self, obj) -> bytes:
+        data = pickle.dumps(obj)
+        return hmac.new(self.key, data, hashlib.sha256).digest() + data
+
+    def loads(self, frame: bytes):
+        tag, data = frame[:TAG_BYTES], frame[TAG_BYTES:]
+        if len(tag) == TAG_BYTES and hmac.compare_digest(tag, hmac.new(self.key, data, hashlib.sha256).digest()):
+            return pickle.loads(data)
+        self.rejected += 1
+        _write_count(self.rejected)
+        return REJECTED
+
+    def note_peer(self, peer: str) -> None:
+        """Log a rejected frame's sender, at most once per LOG_EVERY_S for each address."""
+        now = time.monotonic()
+        if now - self._logged.get(peer, 0.0) >= LOG_EVERY_S:
+            self._logged[peer] = now
+            log.warning("actor transport: dropped an unauthenticated frame from %s (pid %d has dropped %d; "
+                        "a node with another cluster's token, or someone probing the port)",
+                        peer, os.getpid(), self.rejected)
+
+
+_signer: SignedPickle | None = None
+
+
+def install(token: str) -> None:
+    """Sign and verify every actor frame of this process (and its future children) with the
+    key of ``token``.  Call before an actor system starts or is attached to."""
+    global _signer
+    if not token:
+        raise UserError("the actor transport needs the cluster token (pass --token, or --run-dir of the head)")
+    transport, buffers = _thespian_transport()
+    key = derive_key(token)
+    if _signer is None:
+        _signer = SignedPickle(key)
+        _wrap_incoming(transport)
+    _signer.key = key
+    transport.serializer = _signer
+    transport.ackMsg = buffers.toSendBuffer(buffers.ackPacket, _signer.dumps)
+    transport.ackDataErrMsg = buffers.toSendBuffer(buffers.ackDataErrPacket, _signer.dumps)
+
+
+def installed() -> bool:
+    return _signer is not None
+
+
+def rejected_here() -> int:
+    return _signer.rejected if _signer is not None else 0
+
+
+def rejected_on_node(node_dir: Path | None = None) -> int:
+    """Frames dropped by every process of this node so far (their count files)."""
+    folder = (node_dir or endpoints.node_dir() or Path("/nonexistent")) / "security"
+    total = 0
+    for path in folder.glob("rejected.*"):
+        try:
+            total += int(path.read_text() or 0)
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def _write_count(count: int) -> None:
+    here = endpoints.node_dir()
+    if here is None:
+        return
+    try:
+        (here / "security").mkdir(parents=True, exist_ok=True)
+        (here / "security" / f"rejected.{os.getpid()}").write_text(str(count))
+    except OSError:
+        pass
+
+
+def _thespian_transport():
+    """The two thespian modules patched here, after checking they still have the expected shape."""
+    import thespian
+    from thespian.system.transport import TCPTransport, streamBuffer
+
+    version = getattr(thespian, "__version__", None)
+    if version is None:
+        from importlib.metadata import version as dist_version
+        version = dist_version("thespian")
+    expected = [hasattr(TCPTransport, name) for name in ("serializer", "ackMsg", "ackDataErrMsg", "TCPIncoming_Common")]
+    expected += [hasattr(streamBuffer, name) for name in ("toSendBuffer", "ackPacket", "ackDataErrPacket")]
+    data = getattr(getattr(TCPTransport, "TCPIncoming_Common", None), "data", None)
+    if version != THESPIAN_VERSION or not all(expected) or not isinstance(data, property):
+        raise RuntimeError(f"thespian {version} is installed, but ActorJet's frame authentication was built for "
+                           f"thespian {THESPIAN_VERSION}'s TCP transport; refusing to run unauthenticated "
+                           f"(pip install thespian=={THESPIAN_VERSION})")
+    return TCPTransport, streamBuffer
+
+
+def _wrap_incoming(transport) -> None:
+    """Name the sender of a rejected frame: the one place that knows the socket."""
+    read = transport.TCPIncoming_Common.data.fget
+
+    def data(incoming):
+        result = read(incoming)
+        if result is not None and result[0] is REJECTED:
+            try:
+                peer = "%s:%d" % incoming.socket.getpeername()[:2]
+            except (OSError, AttributeError, TypeError):
+                peer = "an unknown peer"
+            _signer.note_peer(peer)
+        return result
+
+    transport.TCPIncoming_Common.data = property(data)

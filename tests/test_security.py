@@ -1,0 +1,228 @@
+"""No one in without the token: actor frames are authenticated before they are unpickled.
+
+The attack is real: a raw TCP client sends thespian-framed pickles whose ``__reduce__`` would
+create a canary file, to the head's admin port, to a joined member's port and to an actor's
+port.  Nothing is unpickled (no canary), training goes on, and `status` counts the frames.
+"""
+import json
+import pickle
+import socket
+
+import pytest
+
+from actorjet.runtime import frames
+from swarm import REPO, wait_until
+
+
+class Canary:
+    """Unpickling this creates a file: proof that a frame reached pickle.loads."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def framed(payload: bytes) -> bytes:
+    """thespian's TCP framing: ``LENGTH>`` then the bytes (streamBuffer.toSendBuffer)."""
+    return b"%d>" % len(payload) + payload
+
+
+def send_raw(port: int, data: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.settimeout(2)
+        try:
+            s.recv(100)            # whatever comes back (an error ACK, or the socket closing)
+        except OSError:
+            pass
+
+
+def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
+    ours, theirs = frames.SignedPickle(frames.derive_key("a")), frames.SignedPickle(frames.derive_key("b"))
+    assert ours.loads(ours.dumps({"x": [1, 2]})) == {"x": [1, 2]}
+    canary = tmp_path / "canary"
+    for frame in (pickle.dumps(Canary(canary)),                   # unsigned
+                  theirs.dumps(Canary(canary)),                   # another cluster's key
+                  b"\x00" * 32 + pickle.dumps(Canary(canary)),    # a forged tag
+                  b"short"):
+        assert ours.loads(frame) is frames.REJECTED
+    flipped = bytearray(ours.dumps("hello"))
+    flipped[-2] ^= 1
+    assert ours.loads(bytes(flipped)) is frames.REJECTED
+    assert ours.rejected == 5 and not canary.exists()
+    assert frames.derive_key("a") != frames.derive_key("b") and len(frames.derive_key("a")) == 32
+
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+eval_every = 1000
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+[train]
+group_size = 4
+groups_per_step = 4
+steps = 400
+runner_concurrency = 8
+"""
+
+
+@pytest.mark.slow
+def test_pickles_sent_to_admin_member_and_actor_ports_never_run(swarm, tmp_path):
+    from actorjet.runtime.head import attach_root, lookup, status as head_status
+
+    (tmp_path / "job.toml").write_text(JOB)
+    head, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"),
+                                   extra=["--config", str(tmp_path / "job.toml")])
+    _, member_port = swarm.join(port, token, "worker", slots=1)
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5, what="2 learner steps")
+    asys, root = attach_root(port)
+    registry_port = lookup(asys, root, "registry").addressDetails.sockname[1]
+
+    canary = tmp_path / "canary"
+    other = frames.SignedPickle(frames.derive_key("another cluster's token"))
+    envelope = ("sender", Canary(canary))      # what thespian unpacks: (sender address, message)
+    attacks = [framed(pickle.dumps(envelope)), framed(other.dumps(envelope))]
+    for target in (port, member_port, registry_port):
+        for frame in attacks:
+            send_raw(target, frame)
+    before = status()["models"][0]["learner_step"]
+    data = wait_until(lambda: (s := status())["rejected_frames"] >= 6 and s, 20, interval_s=0.5,
+                      what="6 rejected frames in status")
+    by_node = {n["name"]: n["rejected_frames"] for n in data["nodes"]}
+    assert by_node["head"] >= 4 and by_node["worker"] >= 2, by_node
+    assert not canary.exists(), "a frame was unpickled"
+    wait_until(lambda: status()["models"][0]["learner_step"] >= before + 3, 120, interval_s=0.5,
+               what="training going on after the attack")
+    assert not canary.exists()
+    text = (tmp_path / "run" / "logs" / "head" / "actors.log").read_text()
+    assert "dropped an unauthenticated frame from 127.0.0.1" in text
+    assert token not in text and token not in json.dumps(data, default=str)     # the secret stays secret
+
+
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and its key (openssl, as an operator would make one)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a test certificate (.ci/run installs it)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.slow
+def test_gateways_serve_https_with_a_certificate_and_training_runs_through_it(swarm, tmp_path):
+    import httpx2
+    import openai
+
+    from actorjet.runtime.head import attach_root, status as head_status
+
+    cert, key = self_signed(tmp_path)
+    (tmp_path / "job.toml").write_text(JOB.replace("steps = 400", "steps = 3"))
+    _, port, _ = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"), slots=1,
+                            extra=["--config", str(tmp_path / "job.toml"), "--tls-cert", str(cert),
+                                   "--tls-key", str(key)])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    data = wait_until(lambda: (s := status())["training_finished"] and s, 180, interval_s=0.5,
+                      what="3 learner steps through the https gateway")
+    url = data["services"]["policy"]["gateway"]
+    assert url.startswith("https://127.0.0.1:") and data["episodes"]["completed"] >= 48
+    trusted = openai.OpenAI(base_url=url, api_key=token_free_key(), http_client=openai.DefaultHttpxClient(
+        verify=ssl_trusting(cert)))
+    assert [mdl.id for mdl in trusted.models.list()] == ["policy"]
+    with pytest.raises(openai.APIConnectionError):            # the system's roots do not know it
+        openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
+    with pytest.raises(httpx2.HTTPError):                     # and plain http is not served
+        httpx2.get(url.replace("https://", "http://") + "/models", timeout=5)
+
+
+def ssl_trusting(cert):
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.load_verify_locations(str(cert))
+    return ctx
+
+
+def token_free_key() -> str:
+    """GET /v1/models needs no episode key; any string does."""
+    return "listing-models"
+
+
+def test_tls_options_are_checked_before_anything_starts(tmp_path):
+    import subprocess
+    import sys
+
+    cert, _ = self_signed(tmp_path)
+    for extra, says in ((["--tls-cert", str(cert)], "go together"),
+                        (["--tls-cert", str(cert), "--tls-key", str(tmp_path / "nope.pem")], "TLS files")):
+        out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "start", "--run-dir", str(tmp_path / "r"),
+                              "--port", "1", *extra], capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_thespian_of_another_shape_is_refused_loudly(monkeypatch):
+    monkeypatch.setattr(frames, "THESPIAN_VERSION", "0.0.0")
+    with pytest.raises(RuntimeError, match="refusing to run unauthenticated"):
+        frames._thespian_transport()
+
+
+ATTACKER = """
+import pickle, socket, sys
+sys.path.insert(0, {tests!r})
+from test_security import Canary, framed
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(framed(pickle.dumps(("sender", Canary({canary!r})))))
+        s.settimeout(2)
+        try:
+            s.recv(100)
+        except OSError:
+            pass
+print("sent", len(sys.argv) - 1)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+def test_across_hosts_an_outsider_runs_nothing_and_a_wrong_token_never_joins(swarm, network, tmp_path):
+    """Each party on its own host: the head, a member, a node with the wrong token, and an
+    outsider who sends pickles to the head's and the member's actor ports."""
+    import subprocess
+    import sys
+
+    head_host, member_host, intruder_host, outsider = (network.host(n) for n in ("head", "m", "x", "out"))
+    (tmp_path / "job.toml").write_text(JOB)
+    _, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"),
+                                extra=["--config", str(tmp_path / "job.toml")], host=head_host)
+    _, member_port = swarm.join(port, token, "m", slots=1, head_host=head_host.ip, host=member_host)
+    status = lambda: swarm.ctl(head_host, "status", port)  # noqa: E731
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5, what="2 learner steps")
+
+    intruder, _ = swarm.join(port, "not-the-token", "x", head_host=head_host.ip, host=intruder_host, wait=False)
+    canary = tmp_path / "canary"
+    script = ATTACKER.format(tests=str(REPO / "tests"), canary=str(canary))
+    sent = subprocess.run(outsider.prefix + [sys.executable, "-c", script, f"{head_host.ip}:{port}",
+                                             f"{member_host.ip}:{member_port}"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert sent.stdout.strip() == "sent 2", sent.stderr
+    assert intruder.wait_exit(60) != 0 and "is --token right?" in intruder.output
+    data = wait_until(lambda: (s := status())["rejected_frames"] >= 3 and s, 20, interval_s=0.5,
+                      what="the outsider's and the intruder's frames counted")
+    nodes = {n["name"]: n for n in data["nodes"]}
+    assert "x" not in nodes and nodes["m"]["rejected_frames"] >= 1 and nodes["head"]["rejected_frames"] >= 2
+    before = data["models"][0]["learner_step"]
+    wait_until(lambda: status()["models"][0]["learner_step"] >= before + 2, 120, interval_s=0.5,
+               what="training going on")
+    assert not canary.exists()
