@@ -13,16 +13,33 @@ def append(run_dir: str | Path, record: dict) -> None:
 
 
 def read(run_dir: str | Path) -> list[dict]:
+    return read_counted(run_dir)[0]
+
+
+def read_counted(run_dir: str | Path) -> tuple[list[dict], int]:
+    """(the lines that are JSON objects, how many others were skipped).  A last line without
+    its newline is being written right now: not counted as malformed."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
+        return [], 0
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] and not text.endswith("\n"):
+        lines = lines[:-1]
+    rows, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            continue            # a line being written right now
-    return rows
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
 
 
 def plot(run_dir: str | Path) -> Path | None:

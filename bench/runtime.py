@@ -1,11 +1,12 @@
 """Runtime benchmark: restart latency, node-loss detection, registry round trip, orphans,
 and what authenticating every actor frame costs.
 
-    python bench/runtime.py [--restarts 30] [--losses 3] [--rounds 2]
+    python bench/runtime.py [--restarts 30] [--losses 3] [--rounds 2] [--quickstart-steps 40]
 
 Restart latency and the registry round trip are measured with signed frames (as ActorJet
 always runs) and unsigned (thespian's plain pickle, for comparison only: the bench replaces
-``frames.install`` in a child process), in interleaved rounds of fresh processes.  Prints a
+``frames.install`` in a child process), in interleaved rounds of fresh processes; so is the
+quickstart's learner step time (one short quickstart each).  Prints a
 table and writes bench/results/runtime.json.  Everything runs on 127.0.0.1 and every process
 it starts is killed at the end (it counts what is left: must be 0).
 """
@@ -123,12 +124,41 @@ def signing_rounds(restarts: int, rounds: int) -> dict[str, tuple[list[float], l
     return out
 
 
-def child(mode: str, restarts: int) -> None:
+def child(mode: str, restarts: int, quickstart_steps: int) -> None:
     if mode == "unsigned":
         from actorjet.runtime import frames
         frames.install = lambda token: None          # for comparison only: thespian's own pickle
     with tempfile.TemporaryDirectory() as tmp:
-        print(json.dumps(restart_latency(Path(tmp), restarts)))
+        if quickstart_steps:
+            print(json.dumps(quickstart_step_time(Path(tmp), quickstart_steps)))
+        else:
+            print(json.dumps(restart_latency(Path(tmp), restarts)))
+
+
+def quickstart_step_time(tmp: Path, steps: int) -> list[float]:
+    """The quickstart's learner step times (s), steps after the first five (warm-up)."""
+    import contextlib
+    import io
+
+    from actorjet import metrics
+    from actorjet.cli.main import main as cli
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        cli(["quickstart", "--steps", str(steps), "--run-dir", str(tmp / "qs")])
+    train = [r for r in metrics.read(tmp / "qs") if r.get("kind") == "train"]
+    return [r["step_time_s"] for r in train[5:]]
+
+
+def quickstart_rounds(steps: int, rounds: int) -> dict[str, list[float]]:
+    import subprocess
+
+    out: dict[str, list[float]] = {"signed": [], "unsigned": []}
+    for _ in range(rounds):
+        for mode in ("signed", "unsigned"):
+            child = subprocess.run([sys.executable, __file__, "--child", mode, "--quickstart-steps", str(steps)],
+                                   capture_output=True, text=True, timeout=900, check=True)
+            out[mode].extend(json.loads(child.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def main() -> None:
@@ -137,12 +167,15 @@ def main() -> None:
     ap.add_argument("--losses", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved signed/unsigned rounds")
     ap.add_argument("--node-timeout", type=float, default=6.0, help="the default of `actorjet start`")
+    ap.add_argument("--quickstart-steps", type=int, default=40,
+                    help="steps of each signed/unsigned quickstart whose step times are compared (0: skip)")
     ap.add_argument("--child", choices=["signed", "unsigned"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.restarts)
+        child(args.child, args.restarts, args.quickstart_steps)
         return
     modes = signing_rounds(args.restarts, args.rounds)
+    quick = quickstart_rounds(args.quickstart_steps, 1) if args.quickstart_steps else {}
     lat, rtt = modes["signed"]
     with tempfile.TemporaryDirectory() as tmp:
         det, orphans = node_loss(Path(tmp), args.losses, args.node_timeout)
@@ -151,8 +184,11 @@ def main() -> None:
         signing[mode] = {"restart_latency_median_ms": statistics.median(m_lat),
                          "registry_round_trip_mean_ms": statistics.mean(m_rtt),
                          "registry_round_trip_median_ms": statistics.median(m_rtt), "n": len(m_lat)}
+    for mode, times in quick.items():
+        signing[mode]["quickstart_step_median_s"] = statistics.median(times)
     slower = {k: signing["signed"][k] / signing["unsigned"][k] - 1
-              for k in ("restart_latency_median_ms", "registry_round_trip_median_ms")}
+              for k in ("restart_latency_median_ms", "registry_round_trip_median_ms", "quickstart_step_median_s")
+              if k in signing["signed"]}
     result = {
         "restart_latency_ms": {"median": statistics.median(lat), "p90": sorted(lat)[int(0.9 * len(lat)) - 1],
                                "max": max(lat), "n": len(lat)},
@@ -169,10 +205,13 @@ def main() -> None:
             ("node loss detected", f"median {statistics.median(det):.2f} s, max {max(det):.2f} s", "<= 10 s"),
             ("registry round trip", f"mean {result['registry_round_trip_ms']['mean']:.2f} ms", "-"),
             ("orphan processes", str(orphans), "0")]
-    for key, label in (("restart_latency_median_ms", "restart latency median"),
-                       ("registry_round_trip_median_ms", "registry round trip median")):
-        rows.append((f"{label}: signed vs unsigned", f"{signing['signed'][key]:.2f} vs "
-                     f"{signing['unsigned'][key]:.2f} ms ({100 * slower[key]:+.1f}%)", "<= +10%"))
+    for key, label, unit in (("restart_latency_median_ms", "restart latency median", "ms"),
+                             ("registry_round_trip_median_ms", "registry round trip median", "ms"),
+                             ("quickstart_step_median_s", "quickstart step time median", "s")):
+        if key in slower:
+            rows.append((f"{label}: signed vs unsigned", f"{signing['signed'][key]:.3f} vs "
+                         f"{signing['unsigned'][key]:.3f} {unit} ({100 * slower[key]:+.1f}%)",
+                         "<= +10%" if unit == "ms" else "within noise"))
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  {'result':<40}  target")
     for name, value, target in rows:

@@ -75,7 +75,8 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
         data = wait_until(lambda: (s := status())["training_finished"] and s, finish_s, interval_s=0.5,
                           what=f"{steps} learner steps")
         out.update(final_step=data["models"][0]["learner_step"], seconds_to_finish=round(time.time() - killed, 1),
-                   restarts=sum(data["restarts"].values()), stalls_detected=data["stalls_detected"],
+                   restarts=sum(data["restarts"].values()), restarted=data["restarts"],
+                   stalls_detected=data["stalls_detected"],
                    stalls_healed=data["stalls_healed"])
         out["reached_final_step"] = out["final_step"] == steps
     except Exception as e:  # noqa: BLE001 - a failed run is a figure, not a crash of the loop

@@ -138,6 +138,9 @@ def test_keys_closed_episodes_and_raw_http_errors(served):
     assert status == 400 and body["error"]["message"]
     status, _ = http(server.url + "/internal/collect", {"episodes": []})
     assert status == 403
+    status, body = http(server.url + "/v1/chat/completions", raw=b" " * (17 * 1024 * 1024),   # over 16 MiB
+                        headers={"Authorization": f"Bearer {keys.mint(SECRET, 'ep8')}"})
+    assert status == 413 and "too large" in body["error"]["message"].lower(), body
     assert http(server.url + "/healthz")[1]["ok"] is True
 
 

@@ -19,11 +19,13 @@ typical use:
   actorjet upgrade TASK agent.py:behavior      new agent code on every runner, no restart
   actorjet rollback TASK                       back to the previous version of that code
   actorjet task pause|resume|remove|add TASK   change the task cocktail while training runs
+  actorjet top                                 a live view of the swarm (q quits)
+  actorjet report RUN_DIR                      one HTML page of a run, plots embedded
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from actorjet.cli import behavior_cmds, node_cmds, task_cmds, train_cmds
+    from actorjet.cli import behavior_cmds, monitor_cmds, node_cmds, task_cmds, train_cmds
 
     parser = argparse.ArgumentParser(
         prog="actorjet", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -38,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     behavior_cmds.add_upgrade(sub)
     behavior_cmds.add_rollback(sub)
     task_cmds.add_task(sub)
+    monitor_cmds.add_report(sub)
+    monitor_cmds.add_top(sub)
     return parser
 
 

@@ -73,7 +73,9 @@ def cmd_quickstart(args) -> int:
     console.print(f"held-out greedy accuracy (512 problems): [bold]{before:.1%}[/bold] before → "
                   f"[bold green]{after:.1%}[/bold green] after {evals[-1]['step']} steps "
                   f"({after - before:+.1%})")
+    from actorjet import report
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}   plot: {plot}")
+    console.print(f"report: {report.build(run_dir)}")
     console.print(f"wall time: {time.time() - started:.0f} s")
     return 0
 

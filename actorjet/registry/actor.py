@@ -18,7 +18,7 @@ from thespian.actors import ActorSystemConventionUpdate, ChildActorExited, Wakeu
 
 from actorjet.registry.episodes import EpisodeDesk
 from actorjet.registry.nodes import NodeTable
-from actorjet.runtime import frames
+from actorjet.runtime import frames, load
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor, where_i_run
 from actorjet.runtime.node import NodeLink
@@ -103,6 +103,7 @@ class Registry(ManagedActor):
             return
         self.table.seen(node.node_id)
         node.rejected_frames = int((msg.info or {}).get("rejected_frames", node.rejected_frames))
+        node.load = (msg.info or {}).get("load", node.load)
         if not node.alive and node.lost_reason.startswith("no heartbeat"):
             # Back after a network cut: a fresh admission makes it drop its old runners.
             self.admissions += 1
@@ -156,13 +157,15 @@ class Registry(ManagedActor):
     def receiveMsg_GetStatus(self, msg: m.GetStatus, sender):
         now = time.time()
         runners = [{"id": r["id"], "node_id": r.get("node_id"), "state": self.desk.runner_state(r, now),
-                    "behaviors": dict(self.desk.runner_versions.get(r["id"], {}))}   # task → version it runs
+                    "behaviors": dict(self.desk.runner_versions.get(r["id"], {})),   # task → version it runs
+                    "completed": self.desk.leases.completed_by_runner.get(r["id"], 0)}
                    for r in self.runners]
         actors = [{**a, "up_s": round(now - a["since"]), "restarts": self.restarts.get(path, 0)}
                   for path, a in sorted(self.actors.items())]
         for node in self.table.nodes.values():
             if node.is_head:
                 node.rejected_frames = frames.rejected_on_node()
+                node.load = load.here()
         data = {"head_epoch": self.epoch,
                 "nodes": [n.public() for n in self.table.nodes.values()],
                 "rejected_frames": sum(n.rejected_frames for n in self.table.nodes.values()),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections import deque
 
 from actorjet import metrics
 from actorjet.rewards import bad_reward
@@ -18,6 +19,9 @@ from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
 QUIET_RUNNER_S = 10.0     # a placed runner that asked for no work this long is named in status
+RECENT_STEPS = 60         # learner steps per model kept for status / `actorjet top`
+RECENT_KEYS = ("step", "time", "reward_mean", "batch_wait_s", "train_s", "publish_s", "step_time_s",
+               "staleness_mean", "tokens", "token_ratio", "by_task")
 
 
 def load_function(ref: str):
@@ -71,6 +75,8 @@ class EpisodeDesk:
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
         self.runner_versions: dict[str, dict] = {}
         self.runner_asked: dict[str, tuple[float, str]] = {}     # runner id → (last request, why no work)
+        self.recent: dict[str, deque] = {}                         # model → its last train lines
+        self.accuracy: dict[str, dict[str, float]] = {}            # model → task → last held-out accuracy
         self.services: dict[str, dict] = {}
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
@@ -275,9 +281,18 @@ class EpisodeDesk:
 
     # -- learners -----------------------------------------------------------------------
     def on_Metric(self, msg: m.Metric, sender):
-        """The run's metrics.jsonl lives on the head, whichever node the learner runs on."""
-        if self.run_dir and isinstance(msg.record, dict):
+        """The run's metrics.jsonl lives on the head, whichever node the learner runs on.  The
+        last steps are also kept for status (`actorjet top` draws from them)."""
+        if not isinstance(msg.record, dict):
+            return
+        if self.run_dir:
             metrics.append(self.run_dir, msg.record)
+        model = str(msg.record.get("model", ""))
+        if msg.record.get("kind") == "train":
+            self.recent.setdefault(model, deque(maxlen=RECENT_STEPS)).append(
+                {k: msg.record.get(k) for k in RECENT_KEYS if k in msg.record})
+        elif msg.record.get("kind") == "eval":
+            self.accuracy.setdefault(model, {})[str(msg.record.get("task", ""))] = msg.record.get("accuracy")
 
     def on_Trained(self, msg: m.Trained, sender):
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
@@ -353,7 +368,8 @@ class EpisodeDesk:
 
     def status(self) -> dict:
         return {**self.status_counts(),
-                "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"]}
+                "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
+                            "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, []))}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(), "upgrades": self.upgrades.push_report(),
                 "training_finished": self.finished, "watchdog": self.watchdog_line(),

@@ -37,6 +37,7 @@ class LeaseDesk:
         self.max_retries = int(train.get("episode_retries", 2))
         self.groups: dict[str, dict] = {}       # open groups
         self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, deadline}
+        self.completed_by_runner: dict[str, int] = {}   # episodes each runner finished with a reward
         self.retry: deque = deque()             # (group id, members) waiting for a runner
         self.finishing: dict[str, dict] = {}    # sent to the merger, not yet acknowledged
         self.serial = 0
@@ -144,6 +145,8 @@ class LeaseDesk:
             else:
                 group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
         self.desk.close_episodes(closed)
+        done = len(lease["members"]) - len(failed)
+        self.completed_by_runner[lease["runner_id"]] = self.completed_by_runner.get(lease["runner_id"], 0) + done
         if failed:
             self._failed(group, failed, cause[:120], retry=not cause.startswith("upgrade abort"))
         if group["group_id"] in self.groups and len(group["results"]) == self.group_size:

@@ -31,11 +31,13 @@ class Node:
     lost_reason: str = ""
     joined_at: float = field(default_factory=time.time)
     rejected_frames: int = 0       # actor frames that node dropped unauthenticated (runtime/frames.py)
+    load: dict = field(default_factory=dict)   # cpu_percent, memory_percent (runtime/load.py)
 
     def public(self) -> dict:
         return {"node_id": self.node_id, "name": self.name, "alive": self.alive,
                 "slots": self.slots, "cpus": self.cpus, "gpus": self.gpus,
-                "head": self.is_head, "lost_reason": self.lost_reason, "rejected_frames": self.rejected_frames}
+                "head": self.is_head, "lost_reason": self.lost_reason, "rejected_frames": self.rejected_frames,
+                **self.load}
 
 
 class NodeTable:

@@ -10,6 +10,8 @@ runner does.  Every call carries the cluster token.
                                → {leases: [...], behaviors: {name: signed payload, blob base64}, retry_s}
     POST /v1/actorjet/results  {runner_id, lease_id, results: [{episode_id, reward, error}]}
     POST /v1/actorjet/hello    {runner_id}: checks the URL and the token
+    GET  /v1/actorjet/status   the registry's status (at most 1 s old) and the head's last
+                               errors: what `actorjet top` shows, from any machine
     GET  /healthz
 
 The door is a plain runner as far as the registry knows (a lease request with a runner id);
@@ -26,6 +28,7 @@ import json
 import queue
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from aiohttp import web
 from thespian.actors import WakeupMessage
@@ -38,6 +41,7 @@ from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.tokens import bearer_ok
 
 POLL_S = 0.02
+STATUS_MAX_AGE_S = 1.0
 ASK_TIMEOUT_S = 10.0
 MAX_ID = 200
 
@@ -82,6 +86,17 @@ def check_results(body: dict) -> m.GroupResult:
     return m.GroupResult(f"outbound:{runner_id}", lease_id, clean)
 
 
+def last_errors(log_file: Path, n: int = 8) -> list[str]:
+    """The last ERROR / CRITICAL lines of the head's actor log (crash reports name the child's path)."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:300] for line in lines if " ERROR " in line or " CRITICAL " in line][-n:]
+
+
 def payload_to_json(payload: dict) -> dict:
     return dict(payload, blob=base64.b64encode(payload["blob"]).decode())
 
@@ -96,6 +111,9 @@ class Door(ManagedActor):
         self.waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future, float]] = {}
         self.tags = itertools.count()
         self.seen: dict[str, float] = {}          # outbound runner → last request (status)
+        self.status_cache: tuple[dict, float] | None = None    # the registry's last status, when
+        self.status_waiters: list = []
+        self.log_file = Path(self.context.get("run_dir", ".")) / "logs" / "head" / "actors.log"
         port = int(self.args.get("port") or self.context.get("door_port") or 0)
         self.server = AppServer(self._app(), name="door", port=port)
         self._announce()
@@ -113,6 +131,7 @@ class Door(ManagedActor):
         app.router.add_post("/v1/actorjet/leases", self._leases)
         app.router.add_post("/v1/actorjet/results", self._results)
         app.router.add_post("/v1/actorjet/hello", self._hello)
+        app.router.add_get("/v1/actorjet/status", self._status)
         app.router.add_get("/healthz", lambda request: web.json_response({"ok": True}))
         return app
 
@@ -148,6 +167,21 @@ class Door(ManagedActor):
         _check_id(await self._body(request), "runner_id")
         return web.json_response({"ok": True})
 
+    async def _status(self, request):
+        """One registry status per second at most, however many watchers poll: watching must
+        never slow training."""
+        if not bearer_ok(request.headers.get("Authorization"), self.context["token"]):
+            raise ApiError(401, "status needs the cluster token: 'Authorization: Bearer <token>'",
+                           code="invalid_api_key", kind="authentication_error")
+        future = asyncio.get_running_loop().create_future()
+        self.inbox.put(("status", asyncio.get_running_loop(), future))
+        try:
+            data, at = await asyncio.wait_for(future, ASK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "the registry did not answer (restarting?)", code="registry_busy") from None
+        return web.json_response({"status": data, "age_s": round(time.time() - at, 2),
+                                  "errors": last_errors(self.log_file)}, dumps=lambda x: json.dumps(x, default=str))
+
     async def _results(self, request):
         self.inbox.put((check_results(await self._body(request)), None, None))
         return web.json_response({"ok": True})
@@ -160,6 +194,9 @@ class Door(ManagedActor):
                 message, loop, future = self.inbox.get_nowait()
             except queue.Empty:
                 break
+            if message == "status":
+                self._status_wanted(loop, future)
+                continue
             if isinstance(message, m.LeaseRequest):
                 message.tag = str(next(self.tags))
                 self.waiting[message.tag] = (loop, future, now)
@@ -181,6 +218,20 @@ class Door(ManagedActor):
 
     def receiveMsg_NoWork(self, msg: m.NoWork, sender):
         self._answer(msg)
+
+    def _status_wanted(self, loop, future) -> None:
+        if self.status_cache is not None and time.time() - self.status_cache[1] < STATUS_MAX_AGE_S:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(self.status_cache))
+            return
+        self.status_waiters.append((loop, future))
+        if len(self.status_waiters) == 1 and self.registry is not None:
+            self.send(self.registry, m.GetStatus())
+
+    def receiveMsg_Status(self, msg: m.Status, sender):
+        self.status_cache = (msg.data, time.time())
+        waiters, self.status_waiters = self.status_waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(self.status_cache))
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):

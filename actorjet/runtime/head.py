@@ -102,7 +102,7 @@ class Head:
                    "job": self.job, "head": f"{self.advertise}:{self.port}", "door_port": self.door_port}
         write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "run_id": self.run_id,
                                        "host": self.advertise,
-                                       "port": self.port, "head_pid": os.getpid(),
+                                       "port": self.port, "door_port": self.door_port, "head_pid": os.getpid(),
                                        "admin_pid": system.admin_pid(self.port)})
         self.root = self.asys.createActor(Supervisor, globalName=ROOT_NAME)
         reply = self.asys.ask(self.root, m.Init("root", "root", {"spec": self.tree.to_dict()},

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher, WakeupMessage
 
-from actorjet.runtime import frames, logs
+from actorjet.runtime import frames, load, logs
 from actorjet.runtime import messages as m
 
 log = logs.log
@@ -114,7 +114,7 @@ class NodeLink(ActorTypeDispatcher):
         if getattr(self, "silent", False):
             log.info("heartbeats from the head again after %.0f s", time.monotonic() - self.last_ping)
         self.last_ping, self.silent = time.monotonic(), False
-        self.send(sender, m.Pong(msg.nonce, 0, {"rejected_frames": frames.rejected_on_node()}))
+        self.send(sender, m.Pong(msg.nonce, 0, {"rejected_frames": frames.rejected_on_node(), "load": load.here()}))
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         quiet = time.monotonic() - self.last_ping

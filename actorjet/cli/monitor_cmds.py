@@ -1,0 +1,66 @@
+"""Watching a run: `report` (an HTML page of a run) and `top` (a live view of a swarm)."""
+from __future__ import annotations
+
+
+def add_report(sub) -> None:
+    p = sub.add_parser("report", help="write one self-contained HTML page of a run (plots embedded)",
+                       description="Read RUN_DIR/metrics.jsonl and write RUN_DIR/report.html: reward and "
+                       "held-out accuracy by step and by time, step-time breakdown, throughput, context "
+                       "tracker savings, faults and restarts, live agent-code versions, per-task panels. "
+                       "Works on a finished run and on one that is still training.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (the one `actorjet start` or `quickstart` printed)")
+    p.add_argument("--out", default=None, metavar="FILE", help="where to write the page (default RUN_DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> int:
+    from actorjet import report
+
+    print(f"wrote {report.build(args.run_dir, args.out)}")
+    return 0
+
+
+def add_top(sub) -> None:
+    from actorjet.cli.node_cmds import add_head_options
+
+    p = sub.add_parser("top", help="a live view of a swarm: models, nodes, runners, tasks, restarts",
+                       description="Full-screen view of a head, refreshed every --interval seconds, from this "
+                       "machine or any other that reaches the head's door (the port after the head's). "
+                       "Keys: 0 overview, 1 models, 2 nodes, 3 runners, 4 tasks, 5 supervision, q quit.")
+    add_head_options(p)
+    p.add_argument("--door", default=None, metavar="URL",
+                   help="the head's door URL (default: from --run-dir/head.json, else http://HOST:PORT+1 of --head)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default %(default)s)")
+    p.set_defaults(func=cmd_top)
+
+
+def door_url(args) -> str:
+    import json
+    from pathlib import Path
+
+    from actorjet.errors import UserError
+
+    if args.door:
+        return args.door
+    if args.head:
+        host, _, port = args.head.rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"--head must look like HOST:PORT, got {args.head!r}")
+        return f"http://{host}:{int(port) + 1}"
+    head_file = Path(args.run_dir) / "head.json"
+    try:
+        info = json.loads(head_file.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"{head_file} not found: pass --head HOST:PORT (and --token) or --run-dir") from None
+    host = info.get("host", "127.0.0.1")
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{info.get('door_port', info['port'] + 1)}"
+
+
+def cmd_top(args) -> int:
+    from actorjet.cli import top
+    from actorjet.cli.node_cmds import head_token
+    from actorjet.errors import UserError
+
+    if args.interval <= 0:
+        raise UserError("--interval must be > 0")
+    return top.run(door_url(args), head_token(args), args.interval)
