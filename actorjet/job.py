@@ -42,7 +42,8 @@ TRAIN_DEFAULTS = {"group_size": 8, "groups_per_step": 32, "steps": 100, "max_sta
                   "task_memory_mb": 0.0,     # with isolation = process: a task worker above this restarts
                   "mix": "fill",             # strict | fill: batches keep the task weights, or fill when one stalls
                   "fill_after_s": 0.5,       # fill: how long a batch waits for a stalled task's share
-                  "stall_s": 120.0}          # an engine or learner with work waiting and no progress this long is restarted
+                  "stall_s": 120.0,          # an engine or learner with work waiting and no progress this long is restarted
+                  "tensorboard": False}      # also write TensorBoard event files into the run dir (extra `tb`)
 
 
 def tree_path(name: str) -> Path:

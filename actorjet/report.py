@@ -82,6 +82,11 @@ def _summary(run_dir: Path, train: list, evals: list, swarm: list, malformed: in
     return f"<table>{rows}</table>"
 
 
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def _png(fig) -> str:
     import matplotlib.pyplot as plt
 
@@ -119,7 +124,7 @@ def _curves(train, evals, models, axis, t0) -> str | None:
                     label=f"{model}: held-out accuracy" + (f" ({task})" if task else ""))
     ax.set_xlabel("learner step" if axis == "step" else "minutes since the first metric")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(loc="lower right", fontsize=8)
+    _legend(ax, loc="lower right", fontsize=8)
     return _png(fig)
 
 
@@ -139,7 +144,7 @@ def _step_time(train, models) -> str | None:
             bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xlabel("learner step")
     ax.set_ylabel("seconds")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return _png(fig)
 
 
@@ -160,9 +165,9 @@ def _throughput(train, swarm, t0) -> str | None:
         ax2 = ax.twinx()
         ax2.plot([(r["time"] - t0) / 60 for r in tokens], [r["tokens"] / r["train_s"] for r in tokens],
                  color="tab:orange", alpha=0.6, label="trained tokens / s (right)")
-        ax2.legend(loc="upper right", fontsize=8)
+        _legend(ax2, loc="upper right", fontsize=8)
     ax.set_xlabel("minutes since the first metric")
-    ax.legend(loc="upper left", fontsize=8)
+    _legend(ax, loc="upper left", fontsize=8)
     return _png(fig)
 
 
@@ -176,7 +181,7 @@ def _context(train, models) -> str | None:
         ax.plot([r["step"] for r in pts], [r["token_ratio"] for r in pts], label=f"{model}: tokens before / after merging")
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xlabel("learner step")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return _png(fig)
 
 
@@ -191,7 +196,7 @@ def _faults(swarm, t0) -> str | None:
     ax.step(xs, [r.get("groups", {}).get("quarantined", 0) for r in swarm], where="post", label="groups quarantined")
     ax.set_xlabel("minutes since the first metric")
     ax.set_ylabel("count so far")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return _png(fig)
 
 
@@ -208,7 +213,7 @@ def _versions(train) -> str | None:
     ax.stackplot(steps, *[shares[t] for t in tags], labels=tags)
     ax.set_xlabel("learner step")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8, loc="lower left")
+    _legend(ax, fontsize=8, loc="lower left")
     return _png(fig)
 
 
@@ -222,5 +227,5 @@ def _tasks(train) -> str | None:
         pts = [r for r in mine if task in r["by_task"] and r["by_task"][task].get("reward_mean") is not None]
         ax.plot([r["step"] for r in pts], [r["by_task"][task]["reward_mean"] for r in pts], label=task)
     ax.set_xlabel("learner step")
-    ax.legend(fontsize=8)
+    _legend(ax, fontsize=8)
     return _png(fig)

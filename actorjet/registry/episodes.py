@@ -15,6 +15,7 @@ from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.leases import LeaseDesk
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
+from actorjet.tensorboard import EventWriter
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
@@ -80,6 +81,7 @@ class EpisodeDesk:
         self.services: dict[str, dict] = {}
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
+        self.tb = EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
         self.batch_groups = int(train.get("groups_per_step", 1))
         self.quarantined = 0                        # groups the merger took out of training, for good
         self.quarantine_causes: dict[str, int] = {}
@@ -285,8 +287,7 @@ class EpisodeDesk:
         last steps are also kept for status (`actorjet top` draws from them)."""
         if not isinstance(msg.record, dict):
             return
-        if self.run_dir:
-            metrics.append(self.run_dir, msg.record)
+        self._record(msg.record)
         model = str(msg.record.get("model", ""))
         if msg.record.get("kind") == "train":
             self.recent.setdefault(model, deque(maxlen=RECENT_STEPS)).append(
@@ -303,10 +304,18 @@ class EpisodeDesk:
             per_task[task] = per_task.get(task, 0) + n
         if msg.done:
             self.finished = True
-        if self.run_dir:                 # the swarm's fault counters, next to the learner's line
-            metrics.append(self.run_dir, {"kind": "swarm", "model": msg.model, "step": msg.step,
-                                          **self.status_counts(), "restarts": dict(self.registry.restarts),
-                                          "nodes_lost": self.registry.table.lost_count})
+        self._record({"kind": "swarm", "model": msg.model, "step": msg.step,    # the swarm's fault counters
+                      **self.status_counts(), "restarts": dict(self.registry.restarts),
+                      "nodes_lost": self.registry.table.lost_count})
+
+    def _record(self, record: dict) -> None:
+        """A metrics line: metrics.jsonl on the head, and TensorBoard when asked for."""
+        if not self.run_dir:
+            return
+        record = {"time": time.time(), **record}
+        metrics.append(self.run_dir, record)
+        if self.tb is not None:
+            self.tb.write(record)
 
     # -- client mode ----------------------------------------------------------------------
     def on_Quarantined(self, msg: m.Quarantined, sender):
@@ -377,4 +386,5 @@ class EpisodeDesk:
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
 
     def close(self) -> None:
-        pass
+        if self.tb is not None:
+            self.tb.close()

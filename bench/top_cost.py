@@ -1,0 +1,117 @@
+"""What watching costs: the quickstart's training with and without `actorjet top` polling at 1 Hz.
+
+    python bench/top_cost.py [--rounds 2] [--steps 40] [--watchers 1]
+
+Each round starts a head on the quickstart's job twice, once with ``--watchers`` pollers
+doing exactly what `actorjet top` does (cli/top.py's Poller: the door's status endpoint,
+once a second) and once without, in alternating order.  It compares the learner's median
+step time (steps after the fifth) and the CPU seconds per step of the registry, merger and
+learner processes.  Prints a table and writes bench/results/top_cost.json.  Target: at most
+2% more step time.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import psutil  # noqa: E402
+
+from actorjet import metrics  # noqa: E402
+from actorjet.cli.top import Poller  # noqa: E402
+from common import table, write  # noqa: E402
+from swarm import REPO, Swarm, wait_until  # noqa: E402
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+eval_every = 1000
+checkpoint_every = 1000
+max_batch = 256
+[[tasks]]
+name = "arithmetic"
+source = "agents.arithmetic"
+behavior = "agents.arithmetic:behavior"
+[train]
+group_size = 8
+groups_per_step = 32
+steps = {steps}
+runner_concurrency = 64
+"""
+WATCHED = ("root/registry", "root/merger", "root/model.policy/learner")
+
+
+def one_run(tmp: Path, steps: int, watchers: int) -> dict:
+    from actorjet.runtime.head import attach_root, status as head_status
+
+    tmp.mkdir(parents=True)
+    (tmp / "job.toml").write_text(JOB.format(steps=steps))
+    swarm = Swarm(tmp)
+    try:
+        _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
+                                    extra=["--config", str(tmp / "job.toml")])
+        status = lambda: head_status(*attach_root(port))  # noqa: E731
+        wait_until(lambda: status()["models"][0]["learner_step"] >= 5, 300, interval_s=0.5, what="5 steps")
+        pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in WATCHED}
+        procs = [psutil.Process(p) for p in pids.values()]
+        cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
+        stop, polls = threading.Event(), [0]
+
+        def watch():
+            poller = Poller(f"http://127.0.0.1:{port + 1}", token)
+            while not stop.is_set():
+                if poller.poll() is not None:
+                    polls[0] += 1
+                stop.wait(1.0)
+        threads = [threading.Thread(target=watch, daemon=True) for _ in range(watchers)]
+        for t in threads:
+            t.start()
+        start_step = status()["models"][0]["learner_step"]
+        wait_until(lambda: status()["training_finished"], 900, interval_s=1, what=f"{steps} steps")
+        stop.set()
+        cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
+        train = [r for r in metrics.read(tmp / "run") if r.get("kind") == "train" and r["step"] > 5]
+        return {"step_time_median_s": statistics.median(r["step_time_s"] for r in train),
+                "cpu_s_per_step": cpu / max(1, steps - start_step), "polls": polls[0]}
+    finally:
+        swarm.cleanup()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--watchers", type=int, default=1, help="`top`s polling at once (default 1)")
+    args = ap.parse_args()
+    runs = {"watched": [], "alone": []}
+    with tempfile.TemporaryDirectory(prefix="aj-topcost-") as tmp:
+        for i in range(args.rounds):
+            order = ("watched", "alone") if i % 2 == 0 else ("alone", "watched")
+            for mode in order:
+                out = one_run(Path(tmp) / f"{mode}-{i}", args.steps, args.watchers if mode == "watched" else 0)
+                runs[mode].append(out)
+                print(f"round {i + 1} {mode}: {out}", flush=True)
+    summary = {mode: {"step_time_median_s": statistics.median(r["step_time_median_s"] for r in rs),
+                      "cpu_s_per_step": statistics.median(r["cpu_s_per_step"] for r in rs),
+                      "polls": sum(r["polls"] for r in rs)} for mode, rs in runs.items()}
+    more = summary["watched"]["step_time_median_s"] / summary["alone"]["step_time_median_s"] - 1
+    cpu_more = summary["watched"]["cpu_s_per_step"] / summary["alone"]["cpu_s_per_step"] - 1
+    table([("learner step time (median)", f"{summary['alone']['step_time_median_s']:.3f} s",
+            f"{summary['watched']['step_time_median_s']:.3f} s", f"{100 * more:+.1f}%", "<= +2%"),
+           ("CPU of registry+merger+learner per step", f"{summary['alone']['cpu_s_per_step']:.3f} s",
+            f"{summary['watched']['cpu_s_per_step']:.3f} s", f"{100 * cpu_more:+.1f}%", "-")],
+          ("measure", "alone", f"with {args.watchers} top at 1 Hz", "change", "target"))
+    write("top_cost", {"rounds": args.rounds, "steps": args.steps, "watchers": args.watchers, "runs": runs,
+                       "summary": summary, "step_time_change": more, "cpu_change": cpu_more})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
