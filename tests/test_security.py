@@ -217,7 +217,7 @@ def test_across_hosts_an_outsider_runs_nothing_and_a_wrong_token_never_joins(swa
                                              f"{member_host.ip}:{member_port}"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert sent.stdout.strip() == "sent 2", sent.stderr
-    assert intruder.wait_exit(60) != 0 and "is --token right?" in intruder.output
+    assert intruder.wait_exit(60) == 2 and "refused this node: wrong join token" in intruder.output, intruder.output
     data = wait_until(lambda: (s := status())["rejected_frames"] >= 3 and s, 20, interval_s=0.5,
                       what="the outsider's and the intruder's frames counted")
     nodes = {n["name"]: n for n in data["nodes"]}

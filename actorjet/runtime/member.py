@@ -15,6 +15,7 @@ from pathlib import Path
 
 from actorjet.errors import UserError
 from actorjet.registry.nodes import node_auth
+from actorjet.runtime import frames
 from actorjet.runtime import messages as m
 from actorjet.runtime import system
 from actorjet.runtime.head import gpu_count
@@ -53,10 +54,11 @@ class Member:
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
                 "actorjet_auth": node_auth(self.token, self.node_id)}
         os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
+        rejected_before = frames.rejected_on_node(self.state_dir)
         self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise, self.token, bind_ip=bind,
                                               node_dir=self.state_dir)
         self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
-        reply = self.asys.ask(self.agent, m.WaitAdmission(self.timeout_s), self.timeout_s)
+        reply = self._wait_admission(rejected_before)
         if not isinstance(reply, m.Admission):
             self.shutdown()
             raise UserError(f"the head at {self.head_host}:{self.head_port} did not admit this node "
@@ -73,6 +75,20 @@ class Member:
             {"pid": os.getpid(), "node_id": self.node_id, "port": self.port,
              "head": f"{self.head_host}:{self.head_port}"}))
         return reply
+
+    def _wait_admission(self, rejected_before: int):
+        """The head's verdict, or None.  A head with another token cannot send one: its answers
+        (ACKs signed with its key) are frames this node drops, so a rising rejected-frame count
+        while we wait means the token is wrong; say so at once rather than time out."""
+        deadline = time.monotonic() + self.timeout_s
+        self.asys.tell(self.agent, m.WaitAdmission(self.timeout_s))
+        while time.monotonic() < deadline:
+            reply = self.asys.listen(0.5)
+            if isinstance(reply, m.Admission):
+                return reply
+            if frames.rejected_on_node(self.state_dir) > rejected_before:
+                return m.Admission(False, "wrong join token (the head's answers are signed with another key)")
+        return None
 
     def next_event(self, timeout_s: float):
         """Later verdicts (re-admission after a head restart or a network cut), or None."""
