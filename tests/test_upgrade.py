@@ -185,7 +185,7 @@ def test_user_mistakes_get_one_line_errors(swarm, tmp_path):
              (["upgrade", "arithmetic", f"{tmp_path}/nope.py:behavior"], "no such file"),
              (["upgrade", "arithmetic", f"{unshippable}:behavior"], "cannot be shipped to runners"),
              (["rollback", "arithmetic"], "no earlier version"),
-             (["rollback", "arithmetic", "--token", "t0ken"], "no earlier version"),   # --token on every command
+             (["rollback", "arithmetic", "--token", "t0ken"], "refused this command: wrong token"),  # --token works
              (["rollback", "arithmetic", "--to", "7"], "has no version 7")]
     for args, message in cases:
         out = cli(*args, run=run)

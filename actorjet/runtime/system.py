@@ -100,7 +100,14 @@ def attach(port: int, token: str | None = None) -> ActorSystem:
         frames.install(token)
     elif not frames.installed():
         raise UserError("talking to a head needs the cluster token: pass --token, or --run-dir of the head")
-    return ActorSystem(BASE, {"Admin Port": port}, transientUnique=True)
+    rejected = frames.rejected_here()
+    try:
+        return ActorSystem(BASE, {"Admin Port": port}, transientUnique=True)
+    except InvalidActorAddress:
+        if frames.rejected_here() > rejected:     # it answered, with frames signed by another key
+            raise UserError(f"the system on port {port} refused this command: wrong token") from None
+        raise UserError(f"the system on port {port} did not answer (is it an ActorJet head, and is the "
+                        "token right?)") from None
 
 
 def admin_pid(port: int) -> int | None:
