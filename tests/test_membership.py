@@ -159,9 +159,11 @@ def test_status_prints_a_table_and_the_documented_json_keys(swarm, tmp_path, tre
     assert as_json.wait_exit(60) == 0, as_json.output
     import json
     data = json.loads(as_json.output)
-    assert {"nodes", "runners", "models", "behaviors", "episodes", "restarts"} <= set(data)
-    assert {"node_id", "name", "alive", "slots"} <= set(data["nodes"][0])
-    assert {"id", "node_id", "behavior", "version", "state"} <= set(data["runners"][0])
+    assert {"nodes", "runners", "models", "behaviors", "episodes", "restarts", "actors", "rejected_frames",
+            "watchdog"} <= set(data)
+    assert {"node_id", "name", "alive", "slots", "rejected_frames", "cpu_percent"} <= set(data["nodes"][0])
+    assert {"id", "node_id", "behaviors", "state", "completed"} <= set(data["runners"][0])
+    assert {"path", "node", "host", "pid", "up_s", "restarts"} <= set(data["actors"][0])
     assert {"completed", "aborted", "in_flight", "trained"} <= set(data["episodes"])
     table = Proc(["status", "--run-dir", str(run)], swarm.env)
     assert table.wait_exit(60) == 0

@@ -159,7 +159,7 @@ def _report(reply: m.UpgradeReply, took: float, behind: list[str], what: str) ->
 
 
 def cmd_upgrade(args) -> int:
-    from actorjet.cli.node_cmds import head_port, head_token
+    from actorjet.cli.node_cmds import head_address, head_token
     from actorjet.registry.behaviors import sign_upload
 
     if args.canary < 0:
@@ -169,12 +169,12 @@ def cmd_upgrade(args) -> int:
     if args.canary:
         print(f"running {args.canary} canary episode{'s' * (args.canary != 1)} of the new code…", flush=True)
     msg = m.Upgrade(upload, args.canary, args.policy, args.timeout)
-    reply, took, behind = send(head_port(args), head_token(args), msg, args.timeout + 10, args.timeout)
+    reply, took, behind = send(*head_address(args), msg, args.timeout + 10, args.timeout)
     return _report(reply, took, behind, "upgrade")
 
 
 def cmd_rollback(args) -> int:
-    from actorjet.cli.node_cmds import head_port, head_token
+    from actorjet.cli.node_cmds import head_address
 
-    reply, took, behind = send(head_port(args), head_token(args), m.Rollback(args.name, args.to, args.policy), 15, args.timeout)
+    reply, took, behind = send(*head_address(args), m.Rollback(args.name, args.to, args.policy), 15, args.timeout)
     return _report(reply, took, behind, "rollback")

@@ -249,7 +249,7 @@ def add_status(sub) -> None:
 def cmd_status(args) -> int:
     from actorjet.runtime.head import attach_root, status
 
-    asys, root = attach_root(head_port(args), head_token(args))   # a client handle: never shut it down (that stops the head)
+    asys, root = attach_root(*head_address(args))   # a client handle: never shut it down (that stops the head)
     data = status(asys, root)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -301,6 +301,17 @@ def given_token(args) -> str | None:
             raise UserError(f"--token-file {args.token_file} is empty")
         return token
     return os.environ.get("ACTORJET_TOKEN") or None
+
+
+def head_address(args) -> tuple[int, str]:
+    """(port, token) of the head a command talks to; a port nobody listens on is reported
+    before a missing token (the more useful message)."""
+    from actorjet.runtime import system
+
+    port = head_port(args)
+    if not system.port_in_use("127.0.0.1", port):
+        raise UserError(f"no ActorJet system is listening on port {port}")
+    return port, head_token(args)
 
 
 def head_token(args) -> str:

@@ -33,7 +33,7 @@ def add_task(sub) -> None:
 
 def cmd_task(args) -> int:
     from actorjet.cli.behavior_cmds import _registry
-    from actorjet.cli.node_cmds import head_port, head_token
+    from actorjet.cli.node_cmds import head_address
 
     config = {}
     if args.action == "add":
@@ -42,7 +42,7 @@ def cmd_task(args) -> int:
         if args.weight <= 0:
             raise UserError("--weight must be > 0")
         config = {"source": args.source, "behavior": args.behavior, "weight": args.weight}
-    asys, registry = _registry(head_port(args), head_token(args))
+    asys, registry = _registry(*head_address(args))
     reply = asys.ask(registry, m.TaskCommand(args.action, args.name, config), 30)
     if not isinstance(reply, m.TaskReply):
         raise UserError("the registry did not answer within 30 s")
