@@ -224,7 +224,7 @@ def cmd_stop(args) -> int:
         info = _read_json(head_file, "")
         port, token = info["port"], info.get("token")
         if info.get("head_pid") and psutil.pid_exists(info["head_pid"]):
-            _terminate(info["head_pid"], "head process")      # it stops its own actor system
+            _terminate(info["head_pid"], "head process", 45.0)   # it stops its own system: ≤ 10 s tree, 10 s admin, 10 s reap
             stopped_head = True
             _say(f"stopped the head (pid {info['head_pid']}) of {args.run_dir} on port {port}")
     if port is None:
