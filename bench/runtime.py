@@ -116,7 +116,8 @@ def signing_rounds(restarts: int, rounds: int) -> dict[str, tuple[list[float], l
     out = {"signed": ([], []), "unsigned": ([], [])}
     for _ in range(rounds):
         for mode in ("signed", "unsigned"):
-            child = subprocess.run([sys.executable, __file__, "--child", mode, "--restarts", str(restarts)],
+            child = subprocess.run([sys.executable, __file__, "--child", mode, "--restarts", str(restarts),
+                                    "--quickstart-steps", "0"],
                                    capture_output=True, text=True, timeout=600, check=True)
             lat, rtt = json.loads(child.stdout.strip().splitlines()[-1])
             out[mode][0].extend(lat)

@@ -26,25 +26,14 @@ import psutil  # noqa: E402
 from actorjet import metrics  # noqa: E402
 from actorjet.cli.top import Poller  # noqa: E402
 from common import table, write  # noqa: E402
+from jobs import tiny_arith  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-eval_every = 1000
-checkpoint_every = 1000
-max_batch = 256
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 8
-groups_per_step = 32
-steps = {steps}
-runner_concurrency = 64
-"""
+def quickstart_job(steps: int) -> str:
+    """The quickstart's job (cli/train_cmds.py) as a config file."""
+    return tiny_arith(steps, group_size=8, groups_per_step=32, runner_concurrency=64,
+                      model="checkpoint_every = 1000\nmax_batch = 256")
+
 WATCHED = ("root/registry", "root/merger", "root/model.policy/learner")
 
 
@@ -52,7 +41,7 @@ def one_run(tmp: Path, steps: int, watchers: int) -> dict:
     from actorjet.runtime.head import attach_root, status as head_status
 
     tmp.mkdir(parents=True)
-    (tmp / "job.toml").write_text(JOB.format(steps=steps))
+    (tmp / "job.toml").write_text(quickstart_job(steps))
     swarm = Swarm(tmp)
     try:
         _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
@@ -84,6 +73,17 @@ def one_run(tmp: Path, steps: int, watchers: int) -> dict:
         swarm.cleanup()
 
 
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% confidence interval (Student's t)."""
+    mean = statistics.mean(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    return mean, T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / len(values) ** 0.5
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
@@ -101,15 +101,17 @@ def main() -> int:
     summary = {mode: {"step_time_median_s": statistics.median(r["step_time_median_s"] for r in rs),
                       "cpu_s_per_step": statistics.median(r["cpu_s_per_step"] for r in rs),
                       "polls": sum(r["polls"] for r in rs)} for mode, rs in runs.items()}
-    more = summary["watched"]["step_time_median_s"] / summary["alone"]["step_time_median_s"] - 1
-    cpu_more = summary["watched"]["cpu_s_per_step"] / summary["alone"]["cpu_s_per_step"] - 1
-    table([("learner step time (median)", f"{summary['alone']['step_time_median_s']:.3f} s",
-            f"{summary['watched']['step_time_median_s']:.3f} s", f"{100 * more:+.1f}%", "<= +2%"),
-           ("CPU of registry+merger+learner per step", f"{summary['alone']['cpu_s_per_step']:.3f} s",
-            f"{summary['watched']['cpu_s_per_step']:.3f} s", f"{100 * cpu_more:+.1f}%", "-")],
-          ("measure", "alone", f"with {args.watchers} top at 1 Hz", "change", "target"))
+    rows, changes = [], {}
+    for key, label in (("step_time_median_s", "learner step time (median)"),
+                       ("cpu_s_per_step", "CPU of registry+merger+learner per step")):
+        paired = [w[key] / a[key] - 1 for w, a in zip(runs["watched"], runs["alone"])]   # round by round
+        mean, half = mean_ci(paired)
+        changes[key] = {"mean": mean, "ci95": half, "per_round": paired}
+        rows.append((label, f"{summary['alone'][key]:.3f} s", f"{summary['watched'][key]:.3f} s",
+                     f"{100 * mean:+.1f}% ± {100 * half:.1f}", "<= +2%" if key.startswith("step") else "-"))
+    table(rows, ("measure", "alone", f"with {args.watchers} top at 1 Hz", "change (95% CI, paired rounds)", "target"))
     write("top_cost", {"rounds": args.rounds, "steps": args.steps, "watchers": args.watchers, "runs": runs,
-                       "summary": summary, "step_time_change": more, "cpu_change": cpu_more})
+                       "summary": summary, "changes": changes})
     return 0
 
 

@@ -18,35 +18,18 @@ import signal
 import time
 from pathlib import Path
 
+from jobs import tiny_arith
 from swarm import REPO, Swarm, pid_of, wait_until
-
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-eval_every = 1000
-checkpoint_every = 2
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 4
-groups_per_step = 4
-steps = {steps}
-runner_concurrency = 8
-stall_s = 30.0
-"""
 TARGETS = {"learner": "model.policy/learner", "engine": "model.policy/engine"}
 
 
 def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: int = 24,
              window_s: float = 6.0, finish_s: float = 240.0) -> dict:
-    """Start a head, SIGKILL ``target`` ("learner" or "engine") once at a random moment (see
-    above), wait for the final step.  Returns the run's figures; never raises for a run that
-    fails (the caller counts)."""
+    """Start a head, SIGKILL ``target`` ("learner" or "engine"; "learner+engine": one, then
+    the other) once each at a random moment (see above), wait for the final step.  Returns
+    the run's figures; never raises for a run that fails (the caller counts)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "job.toml").write_text(JOB.format(steps=steps))
+    (tmp / "job.toml").write_text(tiny_arith(steps, model="checkpoint_every = 2", train="stall_s = 30.0"))
     run_dir = tmp / "run"
     started = time.time()
     proc, port, _ = swarm.head(run_dir, str(REPO / "supervisors" / "default.toml"), slots=1,
@@ -56,22 +39,27 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
     def status() -> dict:
         return head_status(*attach_root(port))
 
-    at_step = rng.randint(1, steps - 4) if rng.random() < 0.5 else None
-    delay = rng.uniform(0.0, 0.3 if at_step else window_s)
-    out = {"target": target, "at_step": at_step, "delay_s": round(delay, 2), "killed_pid": None, "killed_at_step": None,
+    def step() -> int:
+        return status()["models"][0]["learner_step"]
+
+    out = {"target": target, "at_step": None, "delay_s": None, "killed_pid": None, "killed_at_step": None,
            "final_step": None, "reached_final_step": False, "seconds_to_finish": None,
            "restarts": 0, "stalls_detected": 0, "stalls_healed": 0, "thread_deaths": 0, "threads_crashed_loudly": 0, "error": ""}
     try:
-        if at_step:
-            wait_until(lambda: status()["models"][0]["learner_step"] >= at_step, 120, interval_s=0.05,
-                       what=f"learner step {at_step}")
-        time.sleep(delay)
-        pid = wait_until(lambda: pid_of(port, TARGETS[target]), 60, interval_s=0.1, what=f"the {target}'s pid")
-        with contextlib.suppress(Exception):
-            out["killed_at_step"] = status()["models"][0]["learner_step"]
-        os.kill(pid, signal.SIGKILL)
-        killed = time.time()
-        out["killed_pid"] = pid
+        for i, name in enumerate(target.split("+")):
+            first = 1 if i == 0 else min(step() + 1, steps - 3)
+            at_step = rng.randint(first, steps - 3) if rng.random() < 0.5 else None
+            delay = rng.uniform(0.0, 0.3 if at_step else (window_s if i == 0 else 2.0))
+            out.update(at_step=at_step, delay_s=round(delay, 2))
+            if at_step:
+                wait_until(lambda: step() >= at_step, 120, interval_s=0.05, what=f"learner step {at_step}")
+            time.sleep(delay)
+            pid = wait_until(lambda: pid_of(port, TARGETS[name]), 60, interval_s=0.1, what=f"the {name}'s pid")
+            with contextlib.suppress(Exception):
+                out["killed_at_step"] = step()
+            os.kill(pid, signal.SIGKILL)
+            killed = time.time()
+            out["killed_pid"] = pid
         data = wait_until(lambda: (s := status())["training_finished"] and s, finish_s, interval_s=0.5,
                           what=f"{steps} learner steps")
         out.update(final_step=data["models"][0]["learner_step"], seconds_to_finish=round(time.time() - killed, 1),

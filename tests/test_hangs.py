@@ -8,6 +8,7 @@ import pytest
 
 from actorjet.models import zoo
 from actorjet.models.engine import GenRequest, TransformersEngine
+from jobs import tiny_arith
 from swarm import REPO, pid_of, wait_until
 
 
@@ -43,21 +44,7 @@ def test_weights_that_are_gone_load_the_newest_instead(tmp_path):
     assert engine.generate([GenRequest(prompt, 3, 0.0)])[0][0].weight_version == 2
 
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-eval_every = 1000
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 4
-groups_per_step = 4
-steps = 12
-runner_concurrency = 8
-"""
+JOB = tiny_arith(steps=12)
 
 
 @pytest.mark.slow
@@ -110,7 +97,7 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     from actorjet.runtime import messages as m
     from actorjet.runtime.head import attach_root, lookup, status as head_status
 
-    (tmp_path / "job.toml").write_text(JOB.replace("steps = 12", "steps = 24\nstall_s = 4.0"))
+    (tmp_path / "job.toml").write_text(tiny_arith(steps=24, train="stall_s = 4.0"))
     run = tmp_path / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])
@@ -161,15 +148,15 @@ def test_a_stall_marker_is_a_pause_wherever_it_lands_in_a_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["learner", "engine"])
-def test_a_child_sigkilled_at_a_random_moment_does_not_stop_training(swarm, tmp_path, target):
-    """One run of the kill loop per child (bench/kill_loop.py runs 20 each): the moment is
-    random on every run, and its seed is in the failure message."""
+def test_the_learner_and_then_the_engine_sigkilled_at_random_moments_do_not_stop_training(swarm, tmp_path):
+    """The kill loop in one run (bench/kill_loop.py runs 20 per child): the moments are random
+    on every run, and their seed is in the failure message."""
     import random
 
     from killloop import kill_run
 
     seed = random.randrange(1_000_000)
-    out = kill_run(swarm, tmp_path / target, target, random.Random(seed))
+    out = kill_run(swarm, tmp_path / "kills", "learner+engine", random.Random(seed))
     assert out["killed_pid"] and out["reached_final_step"], (seed, out)
     assert out["thread_deaths"] == 0, (seed, out)
+    assert {"root/model.policy/learner", "root/model.policy/engine"} <= set(out["restarted"]), (seed, out)

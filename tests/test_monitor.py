@@ -14,24 +14,10 @@ import time
 import pytest
 
 from actorjet import metrics
+from jobs import tiny_arith
 from swarm import REPO, wait_until
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-eval_every = 20
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 4
-groups_per_step = 8
-steps = 60
-runner_concurrency = 8
-tensorboard = true
-"""
+JOB = tiny_arith(steps=60, groups_per_step=8, eval_every=20, train="tensorboard = true")
 
 
 class Tmux:

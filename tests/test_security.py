@@ -11,6 +11,7 @@ import socket
 import pytest
 
 from actorjet.runtime import frames
+from jobs import tiny_arith
 from swarm import REPO, wait_until
 
 
@@ -55,33 +56,36 @@ def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
     assert frames.derive_key("a") != frames.derive_key("b") and len(frames.derive_key("a")) == 32
 
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-eval_every = 1000
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 4
-groups_per_step = 4
-steps = 400
-runner_concurrency = 8
-"""
+JOB = tiny_arith(steps=400)
 
 
 @pytest.mark.slow
-def test_pickles_sent_to_admin_member_and_actor_ports_never_run(swarm, tmp_path):
+def test_pickles_sent_to_admin_member_and_actor_ports_never_run_and_gateways_speak_tls(swarm, tmp_path):
+    """One swarm whose gateway serves HTTPS with a self-signed certificate (its member trusts
+    it with --tls-ca) is attacked on every kind of actor port."""
+    import httpx2
+    import openai
+
     from actorjet.runtime.head import attach_root, lookup, status as head_status
 
+    cert, key = self_signed(tmp_path)
     (tmp_path / "job.toml").write_text(JOB)
     head, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"),
-                                   extra=["--config", str(tmp_path / "job.toml")])
-    _, member_port = swarm.join(port, token, "worker", slots=1)
+                                   extra=["--config", str(tmp_path / "job.toml"), "--tls-cert", str(cert),
+                                          "--tls-key", str(key)])
+    _, member_port = swarm.join(port, token, "worker", slots=1, extra=["--tls-ca", str(cert)])
     status = lambda: head_status(*attach_root(port))  # noqa: E731
-    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5, what="2 learner steps")
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5,
+               what="2 learner steps, through the https gateway")
+    url = status()["services"]["policy"]["gateway"]
+    assert url.startswith("https://127.0.0.1:")
+    trusted = openai.OpenAI(base_url=url, api_key="listing-models-needs-no-key",
+                            http_client=openai.DefaultHttpxClient(verify=ssl_trusting(cert)))
+    assert [mdl.id for mdl in trusted.models.list()] == ["policy"]
+    with pytest.raises(openai.APIConnectionError):            # the system's roots do not know it
+        openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
+    with pytest.raises(httpx2.HTTPError):                     # and plain http is not served
+        httpx2.get(url.replace("https://", "http://") + "/models", timeout=5)
     asys, root = attach_root(port)
     registry_port = lookup(asys, root, "registry").addressDetails.sockname[1]
 
@@ -120,43 +124,12 @@ def self_signed(tmp_path):
     return cert, key
 
 
-@pytest.mark.slow
-def test_gateways_serve_https_with_a_certificate_and_training_runs_through_it(swarm, tmp_path):
-    import httpx2
-    import openai
-
-    from actorjet.runtime.head import attach_root, status as head_status
-
-    cert, key = self_signed(tmp_path)
-    (tmp_path / "job.toml").write_text(JOB.replace("steps = 400", "steps = 3"))
-    _, port, _ = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"), slots=1,
-                            extra=["--config", str(tmp_path / "job.toml"), "--tls-cert", str(cert),
-                                   "--tls-key", str(key)])
-    status = lambda: head_status(*attach_root(port))  # noqa: E731
-    data = wait_until(lambda: (s := status())["training_finished"] and s, 180, interval_s=0.5,
-                      what="3 learner steps through the https gateway")
-    url = data["services"]["policy"]["gateway"]
-    assert url.startswith("https://127.0.0.1:") and data["episodes"]["completed"] >= 48
-    trusted = openai.OpenAI(base_url=url, api_key=token_free_key(), http_client=openai.DefaultHttpxClient(
-        verify=ssl_trusting(cert)))
-    assert [mdl.id for mdl in trusted.models.list()] == ["policy"]
-    with pytest.raises(openai.APIConnectionError):            # the system's roots do not know it
-        openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
-    with pytest.raises(httpx2.HTTPError):                     # and plain http is not served
-        httpx2.get(url.replace("https://", "http://") + "/models", timeout=5)
-
-
 def ssl_trusting(cert):
     import ssl
 
     ctx = ssl.create_default_context()
     ctx.load_verify_locations(str(cert))
     return ctx
-
-
-def token_free_key() -> str:
-    """GET /v1/models needs no episode key; any string does."""
-    return "listing-models"
 
 
 def test_tls_options_are_checked_before_anything_starts(tmp_path):
