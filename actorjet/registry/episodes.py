@@ -15,7 +15,7 @@ from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.leases import LeaseDesk
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
-from actorjet.tensorboard import EventWriter
+from actorjet.tensorboard_events import EventWriter
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
