@@ -51,13 +51,15 @@ def one_run(tmp: Path, steps: int, watchers: int) -> dict:
         pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in WATCHED}
         procs = [psutil.Process(p) for p in pids.values()]
         cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
-        stop, polls = threading.Event(), [0]
+        stop, polls, failed = threading.Event(), [0], []
 
         def watch():
             poller = Poller(f"http://127.0.0.1:{port + 1}", token)
             while not stop.is_set():
                 if poller.poll() is not None:
                     polls[0] += 1
+                else:
+                    failed.append(poller.error)
                 stop.wait(1.0)
         threads = [threading.Thread(target=watch, daemon=True) for _ in range(watchers)]
         for t in threads:
@@ -68,7 +70,8 @@ def one_run(tmp: Path, steps: int, watchers: int) -> dict:
         cpu = sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0
         train = [r for r in metrics.read(tmp / "run") if r.get("kind") == "train" and r["step"] > 5]
         return {"step_time_median_s": statistics.median(r["step_time_s"] for r in train),
-                "cpu_s_per_step": cpu / max(1, steps - start_step), "polls": polls[0]}
+                "cpu_s_per_step": cpu / max(1, steps - start_step), "polls": polls[0],
+                "failed_polls": len(failed), "last_failure": failed[-1] if failed else ""}
     finally:
         swarm.cleanup()
 

@@ -42,6 +42,7 @@ from actorjet.runtime.tokens import bearer_ok
 
 POLL_S = 0.02
 STATUS_MAX_AGE_S = 1.0
+STATUS_RETRY_S = 2.0
 ASK_TIMEOUT_S = 10.0
 MAX_ID = 200
 
@@ -112,7 +113,8 @@ class Door(ManagedActor):
         self.tags = itertools.count()
         self.seen: dict[str, float] = {}          # outbound runner → last request (status)
         self.status_cache: tuple[dict, float] | None = None    # the registry's last status, when
-        self.status_waiters: list = []
+        self.status_waiters: list = []                         # (loop, future, since) waiting for it
+        self.status_asked = 0.0                                # when GetStatus went out (0: answered)
         self.log_file = Path(self.context.get("run_dir", ".")) / "logs" / "head" / "actors.log"
         port = int(self.args.get("port") or self.context.get("door_port") or 0)
         self.server = AppServer(self._app(), name="door", port=port)
@@ -206,6 +208,8 @@ class Door(ManagedActor):
         for tag, (_, _, at) in list(self.waiting.items()):
             if now - at > ASK_TIMEOUT_S:
                 del self.waiting[tag]         # the handler answered "registry busy" already
+        wall = time.time()
+        self.status_waiters = [w for w in self.status_waiters if wall - w[2] < ASK_TIMEOUT_S]   # handlers gave up
         self.wakeupAfter(timedelta(seconds=POLL_S))
 
     def _answer(self, msg) -> None:
@@ -220,17 +224,22 @@ class Door(ManagedActor):
         self._answer(msg)
 
     def _status_wanted(self, loop, future) -> None:
-        if self.status_cache is not None and time.time() - self.status_cache[1] < STATUS_MAX_AGE_S:
+        """Answer from the cache if it is fresh; otherwise wait for the registry, asking it
+        again if no answer came within STATUS_RETRY_S (a registry that restarted, a reply
+        that was lost), so one lost reply can never wedge every later watcher."""
+        now = time.time()
+        if self.status_cache is not None and now - self.status_cache[1] < STATUS_MAX_AGE_S:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(self.status_cache))
             return
-        self.status_waiters.append((loop, future))
-        if len(self.status_waiters) == 1 and self.registry is not None:
+        self.status_waiters.append((loop, future, now))
+        if self.registry is not None and now - self.status_asked > STATUS_RETRY_S:
+            self.status_asked = now
             self.send(self.registry, m.GetStatus())
 
     def receiveMsg_Status(self, msg: m.Status, sender):
-        self.status_cache = (msg.data, time.time())
+        self.status_cache, self.status_asked = (msg.data, time.time()), 0.0
         waiters, self.status_waiters = self.status_waiters, []
-        for loop, future in waiters:
+        for loop, future, _ in waiters:
             loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(self.status_cache))
 
     def on_stop(self) -> None:
