@@ -4,6 +4,7 @@ the host's ``ip netns exec`` prefix, since a head's admin port is that host's lo
     ACTORJET_TOKEN=T python tests/headctl.py PORT     then, one per line on stdin, one JSON line back:
         status            → the registry's status
         pid TREE/PATH     → {"pid": N} of that actor (null if absent)
+        port TREE/PATH    → {"port": N}: the TCP port that actor listens on (null if absent)
     errors come back as {"error": "..."}; the handle re-attaches after a head restart.
 """
 import json
@@ -23,6 +24,9 @@ def answer(handle, words):
         address = lookup(asys, root, words[1], 5)
         reply = asys.ask(address, m.Ping(), 5) if address else None
         return {"pid": reply.pid if isinstance(reply, m.Pong) else None}
+    if words[0] == "port":
+        address = lookup(asys, root, words[1], 5)
+        return {"port": address.addressDetails.sockname[1] if address else None}
     return {"error": f"unknown verb {words[0]!r}"}
 
 

@@ -1,12 +1,12 @@
 """No one in without the token: actor frames are authenticated before they are unpickled.
 
-The attack is real: a raw TCP client sends thespian-framed pickles whose ``__reduce__`` would
-create a canary file, to the head's admin port, to a joined member's port and to an actor's
-port.  Nothing is unpickled (no canary), training goes on, and `status` counts the frames.
+The attack is real: a raw TCP client on its own host sends thespian-framed pickles whose
+``__reduce__`` would create a canary file, to the head's admin port, to a joined member's port
+and to an actor's port.  Nothing is unpickled (no canary), training goes on, and `status`
+counts the frames.
 """
 import json
 import pickle
-import socket
 
 import pytest
 
@@ -30,16 +30,6 @@ def framed(payload: bytes) -> bytes:
     return b"%d>" % len(payload) + payload
 
 
-def send_raw(port: int, data: bytes) -> None:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(data)
-        s.settimeout(2)
-        try:
-            s.recv(100)            # whatever comes back (an error ACK, or the socket closing)
-        except OSError:
-            pass
-
-
 def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
     ours, theirs = frames.SignedPickle(frames.derive_key("a")), frames.SignedPickle(frames.derive_key("b"))
     assert ours.loads(ours.dumps({"x": [1, 2]})) == {"x": [1, 2]}
@@ -59,59 +49,8 @@ def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
 JOB = tiny_arith(steps=400)
 
 
-@pytest.mark.slow
-def test_pickles_sent_to_admin_member_and_actor_ports_never_run_and_gateways_speak_tls(swarm, tmp_path):
-    """One swarm whose gateway serves HTTPS with a self-signed certificate (its member trusts
-    it with --tls-ca) is attacked on every kind of actor port."""
-    import httpx2
-    import openai
-
-    from actorjet.runtime.head import attach_root, lookup, status as head_status
-
-    cert, key = self_signed(tmp_path)
-    (tmp_path / "job.toml").write_text(JOB)
-    head, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"),
-                                   extra=["--config", str(tmp_path / "job.toml"), "--tls-cert", str(cert),
-                                          "--tls-key", str(key)])
-    _, member_port = swarm.join(port, token, "worker", slots=1, extra=["--tls-ca", str(cert)])
-    status = lambda: head_status(*attach_root(port))  # noqa: E731
-    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5,
-               what="2 learner steps, through the https gateway")
-    url = status()["services"]["policy"]["gateway"]
-    assert url.startswith("https://127.0.0.1:")
-    trusted = openai.OpenAI(base_url=url, api_key="listing-models-needs-no-key",
-                            http_client=openai.DefaultHttpxClient(verify=ssl_trusting(cert)))
-    assert [mdl.id for mdl in trusted.models.list()] == ["policy"]
-    with pytest.raises(openai.APIConnectionError):            # the system's roots do not know it
-        openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
-    with pytest.raises(httpx2.HTTPError):                     # and plain http is not served
-        httpx2.get(url.replace("https://", "http://") + "/models", timeout=5)
-    asys, root = attach_root(port)
-    registry_port = lookup(asys, root, "registry").addressDetails.sockname[1]
-
-    canary = tmp_path / "canary"
-    other = frames.SignedPickle(frames.derive_key("another cluster's token"))
-    envelope = ("sender", Canary(canary))      # what thespian unpacks: (sender address, message)
-    attacks = [framed(pickle.dumps(envelope)), framed(other.dumps(envelope))]
-    for target in (port, member_port, registry_port):
-        for frame in attacks:
-            send_raw(target, frame)
-    before = status()["models"][0]["learner_step"]
-    data = wait_until(lambda: (s := status())["rejected_frames"] >= 6 and s, 20, interval_s=0.5,
-                      what="6 rejected frames in status")
-    by_node = {n["name"]: n["rejected_frames"] for n in data["nodes"]}
-    assert by_node["head"] >= 4 and by_node["worker"] >= 2, by_node
-    assert not canary.exists(), "a frame was unpickled"
-    wait_until(lambda: status()["models"][0]["learner_step"] >= before + 3, 120, interval_s=0.5,
-               what="training going on after the attack")
-    assert not canary.exists()
-    text = (tmp_path / "run" / "logs" / "head" / "actors.log").read_text()
-    assert "dropped an unauthenticated frame from 127.0.0.1" in text
-    assert token not in text and token not in json.dumps(data, default=str)     # the secret stays secret
-
-
-def self_signed(tmp_path):
-    """A certificate for 127.0.0.1 and its key (openssl, as an operator would make one)."""
+def self_signed(tmp_path, ip: str = "127.0.0.1"):
+    """A certificate for ``ip`` and its key (openssl, as an operator would make one)."""
     import shutil
     import subprocess
 
@@ -119,8 +58,8 @@ def self_signed(tmp_path):
         pytest.skip("no openssl command to make a test certificate (.ci/run installs it)")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+                    "-out", str(cert), "-days", "2", "-subj", f"/CN={ip}",
+                    "-addext", f"subjectAltName=IP:{ip}"], check=True, capture_output=True)
     return cert, key
 
 
@@ -153,49 +92,76 @@ def test_a_thespian_of_another_shape_is_refused_loudly(monkeypatch):
 ATTACKER = """
 import pickle, socket, sys
 sys.path.insert(0, {tests!r})
+from actorjet.runtime import frames
 from test_security import Canary, framed
+envelope = ("sender", Canary({canary!r}))      # what thespian unpacks: (sender address, message)
+other = frames.SignedPickle(frames.derive_key("another cluster's token"))
 for target in sys.argv[1:]:
     host, port = target.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(framed(pickle.dumps(("sender", Canary({canary!r})))))
-        s.settimeout(2)
-        try:
-            s.recv(100)
-        except OSError:
-            pass
-print("sent", len(sys.argv) - 1)
+    for frame in (framed(pickle.dumps(envelope)), framed(other.dumps(envelope))):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(frame)
+            s.settimeout(2)
+            try:
+                s.recv(100)
+            except OSError:
+                pass
+print("sent", 2 * (len(sys.argv) - 1))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.netns
-def test_across_hosts_an_outsider_runs_nothing_and_a_wrong_token_never_joins(swarm, network, tmp_path):
-    """Each party on its own host: the head, a member, a node with the wrong token, and an
-    outsider who sends pickles to the head's and the member's actor ports."""
+def test_across_hosts_no_frame_without_the_token_runs_and_gateways_speak_tls(swarm, network, tmp_path):
+    """Each party on its own host: a head whose gateway serves HTTPS with a self-signed
+    certificate, a member that trusts it (--tls-ca), a node with the wrong token, and an
+    outsider who sends pickles (unsigned, and signed with another cluster's key) that would
+    create a canary file to the head's admin port, the member's port and an actor's port."""
     import subprocess
     import sys
 
+    import httpx2
+    import openai
+
     head_host, member_host, intruder_host, outsider = (network.host(n) for n in ("head", "m", "x", "out"))
+    cert, key = self_signed(tmp_path, head_host.ip)
     (tmp_path / "job.toml").write_text(JOB)
-    _, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"),
-                                extra=["--config", str(tmp_path / "job.toml")], host=head_host)
-    _, member_port = swarm.join(port, token, "m", slots=1, head_host=head_host.ip, host=member_host)
+    _, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"), host=head_host,
+                                extra=["--config", str(tmp_path / "job.toml"), "--tls-cert", str(cert),
+                                       "--tls-key", str(key)])
+    _, member_port = swarm.join(port, token, "m", slots=1, head_host=head_host.ip, host=member_host,
+                                extra=["--tls-ca", str(cert)])
     status = lambda: swarm.ctl(head_host, "status", port)  # noqa: E731
-    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5, what="2 learner steps")
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 2, 120, interval_s=0.5,
+               what="2 learner steps, the member's runner calling the https gateway")
+    url = status()["services"]["policy"]["gateway"]
+    assert url.startswith(f"https://{head_host.ip}:")
+    trusted = openai.OpenAI(base_url=url, api_key="listing-models-needs-no-key",
+                            http_client=openai.DefaultHttpxClient(verify=ssl_trusting(cert)))
+    assert [mdl.id for mdl in trusted.models.list()] == ["policy"]
+    with pytest.raises(openai.APIConnectionError):            # the system's roots do not know it
+        openai.OpenAI(base_url=url, api_key="x", max_retries=0).models.list()
+    with pytest.raises(httpx2.HTTPError):                     # and plain http is not served
+        httpx2.get(url.replace("https://", "http://") + "/models", timeout=5)
 
     intruder, _ = swarm.join(port, "not-the-token", "x", head_host=head_host.ip, host=intruder_host, wait=False)
+    registry_port = swarm.ctl(head_host, "port", port, "registry")["port"]
     canary = tmp_path / "canary"
     script = ATTACKER.format(tests=str(REPO / "tests"), canary=str(canary))
     sent = subprocess.run(outsider.prefix + [sys.executable, "-c", script, f"{head_host.ip}:{port}",
-                                             f"{member_host.ip}:{member_port}"],
+                                             f"{member_host.ip}:{member_port}", f"{head_host.ip}:{registry_port}"],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert sent.stdout.strip() == "sent 2", sent.stderr
+    assert sent.stdout.strip() == "sent 6", sent.stderr
     assert intruder.wait_exit(60) == 2 and "refused this node: wrong join token" in intruder.output, intruder.output
-    data = wait_until(lambda: (s := status())["rejected_frames"] >= 3 and s, 20, interval_s=0.5,
+    data = wait_until(lambda: (s := status())["rejected_frames"] >= 6 and s, 20, interval_s=0.5,
                       what="the outsider's and the intruder's frames counted")
     nodes = {n["name"]: n for n in data["nodes"]}
-    assert "x" not in nodes and nodes["m"]["rejected_frames"] >= 1 and nodes["head"]["rejected_frames"] >= 2
+    assert "x" not in nodes and nodes["m"]["rejected_frames"] >= 2 and nodes["head"]["rejected_frames"] >= 4, nodes
+    assert not canary.exists(), "a frame was unpickled"
     before = data["models"][0]["learner_step"]
-    wait_until(lambda: status()["models"][0]["learner_step"] >= before + 2, 120, interval_s=0.5,
-               what="training going on")
+    wait_until(lambda: status()["models"][0]["learner_step"] >= before + 3, 120, interval_s=0.5,
+               what="training going on after the attack")
     assert not canary.exists()
+    text = (tmp_path / "run" / "logs" / "head" / "actors.log").read_text()
+    assert f"dropped an unauthenticated frame from {outsider.ip}" in text
+    assert token not in text and token not in json.dumps(data, default=str)     # the secret stays secret
