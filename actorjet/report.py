@@ -24,6 +24,8 @@ def build(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a run directory")
     rows, malformed = metrics.read_counted(run_dir)
+    usable = [r for r in rows if _number(r.get("time")) and isinstance(r.get("step", 0), int)]
+    rows, malformed = usable, malformed + len(rows) - len(usable)      # a line of the wrong shape is skipped too
     if not rows:
         raise UserError(f"{run_dir / 'metrics.jsonl'} has no metrics yet (is training running there?)")
     import matplotlib
@@ -32,7 +34,8 @@ def build(run_dir: str | Path, out: str | Path | None = None) -> Path:
     t0 = min(r.get("time", 0) for r in rows)
     train = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
-    swarm = [r for r in rows if r.get("kind") == "swarm"]
+    swarm = [r for r in rows if r.get("kind") == "swarm" and isinstance(r.get("episodes", {}), dict)
+             and isinstance(r.get("restarts", {}), dict)]
     models = sorted({r["model"] for r in train + evals if "model" in r})
     figures = [
         ("Reward and held-out accuracy by learner step", _curves(train, evals, models, "step", t0)),
@@ -82,6 +85,10 @@ def _summary(run_dir: Path, train: list, evals: list, swarm: list, malformed: in
     return f"<table>{rows}</table>"
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value   # not NaN
+
+
 def _legend(ax, **kw) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(**kw)
@@ -114,10 +121,10 @@ def _curves(train, evals, models, axis, t0) -> str | None:
         return None
     fig, ax = _figure()
     for model in models:
-        mine = [r for r in train if r["model"] == model and r.get("reward_mean") is not None]
+        mine = [r for r in train if r["model"] == model and _number(r.get("reward_mean"))]
         ax.plot([_x(r, axis, t0) for r in mine], [r["reward_mean"] for r in mine], alpha=0.7,
                 label=f"{model}: train reward")
-        accs = [r for r in evals if r.get("model") == model]
+        accs = [r for r in evals if r.get("model") == model and _number(r.get("accuracy"))]
         for task in sorted({r.get("task", "") for r in accs}):
             pts = [r for r in accs if r.get("task", "") == task]
             ax.plot([_x(r, axis, t0) for r in pts], [r["accuracy"] for r in pts], "o-",
@@ -130,7 +137,7 @@ def _curves(train, evals, models, axis, t0) -> str | None:
 
 def _step_time(train, models) -> str | None:
     parts = ("batch_wait_s", "train_s", "publish_s")
-    mine = [r for r in train if all(k in r for k in parts)]
+    mine = [r for r in train if all(_number(r.get(k)) for k in parts)]
     if not mine:
         return None
     fig, ax = _figure()
@@ -160,7 +167,7 @@ def _throughput(train, swarm, t0) -> str | None:
                 xs.append((b["time"] - t0) / 60)
                 ys.append((b.get("episodes", {}).get("completed", 0) - a.get("episodes", {}).get("completed", 0)) / dt)
         ax.plot(xs, ys, label="episodes completed / s")
-    tokens = [r for r in train if r.get("tokens") and r.get("train_s")]
+    tokens = [r for r in train if _number(r.get("tokens")) and _number(r.get("train_s")) and r["train_s"] > 0]
     if tokens:
         ax2 = ax.twinx()
         ax2.plot([(r["time"] - t0) / 60 for r in tokens], [r["tokens"] / r["train_s"] for r in tokens],
@@ -172,7 +179,7 @@ def _throughput(train, swarm, t0) -> str | None:
 
 
 def _context(train, models) -> str | None:
-    mine = [r for r in train if r.get("token_ratio")]
+    mine = [r for r in train if _number(r.get("token_ratio"))]
     if not mine:
         return None
     fig, ax = _figure()
@@ -201,7 +208,7 @@ def _faults(swarm, t0) -> str | None:
 
 
 def _versions(train) -> str | None:
-    mine = [r for r in train if r.get("by_behavior")]
+    mine = [r for r in train if isinstance(r.get("by_behavior"), dict)]
     tags = sorted({t for r in mine for t in r["by_behavior"]})
     if not tags:
         return None
@@ -218,7 +225,7 @@ def _versions(train) -> str | None:
 
 
 def _tasks(train) -> str | None:
-    mine = [r for r in train if r.get("by_task")]
+    mine = [r for r in train if isinstance(r.get("by_task"), dict)]
     tasks = sorted({t for r in mine for t in r["by_task"]})
     if len(tasks) < 2:
         return None          # one task: the reward panel above is the task's panel

@@ -144,14 +144,16 @@ def check_tensorboard(run):
 def test_malformed_metric_lines_are_skipped_and_counted(tmp_path):
     lines = [json.dumps({"kind": "train", "model": "m", "step": 1, "time": 1.0, "reward_mean": 0.5}),
              "{broken", "[1, 2]", "", json.dumps({"kind": "eval", "model": "m", "step": 1, "time": 2.0,
-                                                   "accuracy": 0.25}), '{"kind": "tra']   # the last: being written
+                                                   "accuracy": 0.25}),
+             json.dumps({"kind": "train", "model": "m", "step": "two", "time": "later", "reward_mean": "x"}),
+             '{"kind": "tra']   # the last: being written
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
     rows, bad = metrics.read_counted(tmp_path)
-    assert [r["kind"] for r in rows] == ["train", "eval"] and bad == 2
+    assert [r["kind"] for r in rows] == ["train", "eval", "train"] and bad == 2
     from actorjet import report
 
-    page = report.build(tmp_path).read_text()
-    assert "2 malformed" in page and "data:image/png;base64," in page
+    page = report.build(tmp_path).read_text()      # the wrongly typed line is skipped as well
+    assert "3 malformed" in page and "data:image/png;base64," in page
 
 
 def test_top_says_when_the_head_is_gone_and_comes_back_with_it():

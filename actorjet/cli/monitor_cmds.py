@@ -35,9 +35,9 @@ def add_top(sub) -> None:
 
 
 def door_url(args) -> str:
-    import json
     from pathlib import Path
 
+    from actorjet.cli.node_cmds import _read_json
     from actorjet.errors import UserError
 
     if args.door:
@@ -47,11 +47,7 @@ def door_url(args) -> str:
         if not host or not port.isdigit():
             raise UserError(f"--head must look like HOST:PORT, got {args.head!r}")
         return f"http://{host}:{int(port) + 1}"
-    head_file = Path(args.run_dir) / "head.json"
-    try:
-        info = json.loads(head_file.read_text())
-    except (OSError, ValueError):
-        raise UserError(f"{head_file} not found: pass --head HOST:PORT (and --token) or --run-dir") from None
+    info = _read_json(Path(args.run_dir) / "head.json", "pass --head HOST:PORT (and --token) or --run-dir")
     host = info.get("host", "127.0.0.1")
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{info.get('door_port', info['port'] + 1)}"
 
@@ -61,6 +57,6 @@ def cmd_top(args) -> int:
     from actorjet.cli.node_cmds import head_token
     from actorjet.errors import UserError
 
-    if args.interval <= 0:
-        raise UserError("--interval must be > 0")
+    if not 0.1 <= args.interval <= 3600:          # also refuses nan and inf
+        raise UserError("--interval must be between 0.1 and 3600 seconds")
     return top.run(door_url(args), head_token(args), args.interval)

@@ -112,7 +112,7 @@ class Door(ManagedActor):
         self.waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future, float]] = {}
         self.tags = itertools.count()
         self.seen: dict[str, float] = {}          # outbound runner → last request (status)
-        self.status_cache: tuple[dict, float] | None = None    # the registry's last status, when
+        self.status_cache: tuple | None = None                 # (registry status, when, head log errors)
         self.status_waiters: list = []                         # (loop, future, since) waiting for it
         self.status_asked = 0.0                                # when GetStatus went out (0: answered)
         self.log_file = Path(self.context.get("run_dir", ".")) / "logs" / "head" / "actors.log"
@@ -178,11 +178,11 @@ class Door(ManagedActor):
         future = asyncio.get_running_loop().create_future()
         self.inbox.put(("status", asyncio.get_running_loop(), future))
         try:
-            data, at = await asyncio.wait_for(future, ASK_TIMEOUT_S)
+            data, at, errors = await asyncio.wait_for(future, ASK_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise ApiError(503, "the registry did not answer (restarting?)", code="registry_busy") from None
-        return web.json_response({"status": data, "age_s": round(time.time() - at, 2),
-                                  "errors": last_errors(self.log_file)}, dumps=lambda x: json.dumps(x, default=str))
+        return web.json_response({"status": data, "age_s": round(time.time() - at, 2), "errors": errors},
+                                 dumps=lambda x: json.dumps(x, default=str))
 
     async def _results(self, request):
         self.inbox.put((check_results(await self._body(request)), None, None))
@@ -237,7 +237,8 @@ class Door(ManagedActor):
             self.send(self.registry, m.GetStatus())
 
     def receiveMsg_Status(self, msg: m.Status, sender):
-        self.status_cache, self.status_asked = (msg.data, time.time()), 0.0
+        # the log's last errors are read with the status (once a second), not per watcher
+        self.status_cache, self.status_asked = (msg.data, time.time(), last_errors(self.log_file)), 0.0
         waiters, self.status_waiters = self.status_waiters, []
         for loop, future, _ in waiters:
             loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_result(self.status_cache))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -105,10 +106,14 @@ def server_ssl() -> ssl.SSLContext | None:
 
 def client_ssl() -> ssl.SSLContext | None:
     """What this node's clients of an https gateway verify it with: the system's roots plus
-    ACTORJET_TLS_CA (None: the defaults)."""
+    ACTORJET_TLS_CA (None: the defaults).  Built once per CA file: loading the system's roots
+    takes milliseconds, and the merger and client mode call this per request."""
     ca = os.environ.get(TLS_CA_ENV)
-    if not ca:
-        return None
+    return _trusting(ca) if ca else None
+
+
+@functools.lru_cache(maxsize=4)
+def _trusting(ca: str) -> ssl.SSLContext:
     ctx = ssl.create_default_context()
     ctx.load_verify_locations(ca)
     return ctx
