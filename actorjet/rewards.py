@@ -1,4 +1,6 @@
-"""What a reward may be, checked wherever one enters: the gateway (client mode), the door
+"""What a reward may be, and what a failed episode's result looks like.
+
+A reward is checked wherever one enters: the gateway (client mode), the door
 (outbound nodes), the runner (a behavior's return value) and the registry (runner results).
 
 A reward is a finite number, or an object naming models or roles with finite numbers
@@ -31,6 +33,11 @@ def bad_reward(reward) -> str:
                 return f"invalid reward: {key!r} must be a finite number, got {_show(value)}"
         return ""
     return f"invalid reward: must be a finite number or an object of them, got {_show(reward)}"
+
+
+def failed(episode_id: str, error: str) -> dict:
+    """The one shape of a failed episode's result: no reward, and why (one line)."""
+    return {"episode_id": episode_id, "reward": None, "error": error}
 
 
 def _show(value) -> str:

@@ -72,7 +72,7 @@ class Registry(ManagedActor):
         self.admissions += 1
         node = self.table.admit(caps, f"{self.epoch}.{self.admissions}")
         node.link = link
-        self.send(link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
+        self.send(link, m.Introduce(True, "", node.admission, self.myAddress))
         log.info("admitted node %s (%s) with %d slots", node.name, node.node_id, node.slots)
         self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
@@ -109,7 +109,7 @@ class Registry(ManagedActor):
             self.admissions += 1
             node.alive, node.lost_reason = True, ""
             node.admission = f"{self.epoch}.{self.admissions}"
-            self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
+            self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress))
             log.info("node %s is back; re-admitted", node.name)
             self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
@@ -124,7 +124,7 @@ class Registry(ManagedActor):
             return
         self.relinks[node.node_id] = tries + 1
         node.link = self.createActor(NodeLink, targetActorRequirements={"node_id": node.node_id})
-        self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress, self.epoch))
+        self.send(node.link, m.Introduce(True, "", node.admission, self.myAddress))
 
     # -- subscriptions and status ------------------------------------------------------
     def receiveMsg_Subscribe(self, msg: m.Subscribe, sender):

@@ -28,6 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from actorjet.errors import UserError
+from actorjet.rewards import failed
 from actorjet.registry.behaviors import SECRET_ENV
 from actorjet.runner.runner import load_behavior, run_episode
 
@@ -130,8 +131,8 @@ class OutboundNode:
                     results.append(r)
                 else:
                     self.hung.append(f)
-                    results.append({"episode_id": ep["episode_id"], "reward": None,
-                                    "error": f"timeout: still running after {lease.get('timeout_s', 120):g} s"})
+                    results.append(failed(ep["episode_id"],
+                                          f"timeout: still running after {lease.get('timeout_s', 120):g} s"))
             self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease_id,
                                                 "results": results})
             del self.groups[lease_id]         # only once the head has it: a lost post is retried
@@ -155,9 +156,8 @@ class OutboundNode:
             self.group_size = max(1, len(lease["episodes"]))
             fn = self.behaviors.get((lease["behavior"], lease["version"]))
             if fn is None:
-                results = [{"episode_id": ep["episode_id"], "reward": None,
-                            "error": f"behavior {lease['behavior']} v{lease['version']} could not be loaded here"}
-                           for ep in lease["episodes"]]
+                results = [failed(ep["episode_id"], f"behavior {lease['behavior']} v{lease['version']} "
+                                  "could not be loaded here") for ep in lease["episodes"]]
                 self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease["lease_id"],
                                                     "results": results})
                 continue

@@ -21,7 +21,7 @@ import psutil
 from thespian.actors import WakeupMessage
 
 from actorjet.registry import behaviors
-from actorjet.rewards import bad_reward
+from actorjet.rewards import bad_reward, failed
 from actorjet.runner.llm import LLM
 from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
@@ -53,11 +53,11 @@ def run_episode(fn, task: dict, urls: dict, episode: dict) -> dict:
     try:
         reward = fn(dict(task), LLM(urls, episode["api_key"], episode["episode_id"]))
     except Exception as e:  # noqa: BLE001 - agent code may fail in any way
-        return {"episode_id": episode["episode_id"], "reward": None,
-                "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=-8)}
+        return dict(failed(episode["episode_id"], f"{type(e).__name__}: {e}"),
+                    traceback=traceback.format_exc(limit=-8))
     why = bad_reward(reward)       # NaN, a string, a nested dict: a failed episode, never a poisoned batch
     if why:
-        return {"episode_id": episode["episode_id"], "reward": None, "error": f"{why} (returned by the behavior)"}
+        return failed(episode["episode_id"], f"{why} (returned by the behavior)")
     return {"episode_id": episode["episode_id"], "reward": reward}
 
 
@@ -86,7 +86,7 @@ class AgentRunner(ManagedActor):
         self.hung_by_task: dict[str, list[Future]] = {}
         self.payloads: dict[tuple, dict] = {}
         self.memory_limit_mb = float(train.get("runner_memory_mb", 0))
-        self.next_memory_check = 0.0
+        self.next_memory_check = self.next_task_memory_check = 0.0
         self.waiting_for_leases = False
         self.retry_at = 0.0
         self.polling = False
@@ -145,8 +145,7 @@ class AgentRunner(ManagedActor):
             for lease_id, (lease, _) in list(self.groups.items()):
                 if lease["behavior"] == name and lease["version"] != version:
                     del self.groups[lease_id]     # the threads finish on their own; results ignored
-                    results = [{"episode_id": ep["episode_id"], "reward": None,
-                                "error": f"upgrade abort: {name} v{version} replaced v{lease['version']}"}
+                    results = [failed(ep["episode_id"], f"upgrade abort: {name} v{version} replaced v{lease['version']}")
                                for ep in lease["episodes"]]
                     self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
         self.send(sender, m.BehaviorLoaded(self.runner_id, str(name), int(version or 0), error))
@@ -183,9 +182,8 @@ class AgentRunner(ManagedActor):
         for lease in msg.leases:
             fn = self.behaviors.get(lease["behavior"], {}).get(lease["version"])
             if fn is None:
-                results = [{"episode_id": ep["episode_id"], "reward": None,
-                            "error": f"behavior {lease['behavior']} v{lease['version']} could not be loaded here"}
-                           for ep in lease["episodes"]]
+                results = [failed(ep["episode_id"], f"behavior {lease['behavior']} v{lease['version']} "
+                                  "could not be loaded here") for ep in lease["episodes"]]
                 self.send(self.registry, m.GroupResult(self.runner_id, lease["lease_id"], results))
                 continue
             if self.isolation == "process":
@@ -230,8 +228,7 @@ class AgentRunner(ManagedActor):
                         self.hung_by_task.setdefault(lease["task_name"], []).append(f)
                     else:
                         self.hung.append(f)
-                    results.append({"episode_id": ep["episode_id"], "reward": None,
-                                    "error": f"timeout: still running after {lease['timeout_s']:g} s"})
+                    results.append(failed(ep["episode_id"], f"timeout: still running after {lease['timeout_s']:g} s"))
             for r in results:
                 if r.get("error"):
                     log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])
@@ -254,7 +251,8 @@ class AgentRunner(ManagedActor):
             if len(futures) >= max(1, self.concurrency // 2) and task in self.workers:
                 self.workers[task].kill(f"{len(futures)} hung episodes")
                 self.hung_by_task.pop(task)
-        if self.task_memory_mb and self.workers and time.monotonic() > self.next_memory_check:
+        if self.task_memory_mb and self.workers and time.monotonic() > self.next_task_memory_check:
+            self.next_task_memory_check = time.monotonic() + 1.0     # psutil is not free: once a second
             for name, worker in self.workers.items():
                 rss = worker.rss_mb()
                 if rss > self.task_memory_mb:
@@ -271,8 +269,7 @@ class AgentRunner(ManagedActor):
         if not reason:
             return
         for lease_id, (lease, _) in list(self.groups.items()):
-            results = [{"episode_id": ep["episode_id"], "reward": None, "error": f"runner restarted: {reason}"}
-                       for ep in lease["episodes"]]
+            results = [failed(ep["episode_id"], f"runner restarted: {reason}") for ep in lease["episodes"]]
             self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
         self.groups.clear()
         raise RuntimeError(f"runner {self.runner_id} restarts because {reason}")

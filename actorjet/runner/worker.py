@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import psutil
 
+from actorjet.rewards import failed
+
 
 def _worker_main(conn, threads: int) -> None:
     from actorjet.runner.runner import load_behavior, run_episode
@@ -32,7 +34,7 @@ def _worker_main(conn, threads: int) -> None:
         if fn is None:
             fn, error, _ = load_behavior(payload)
             if fn is None:
-                result = {"episode_id": episode["episode_id"], "reward": None, "error": error}
+                result = failed(episode["episode_id"], error)
                 with lock:
                     conn.send((key, result))
                 return
@@ -154,7 +156,7 @@ class TaskWorker:
     def _fail_all(self, error: str) -> None:
         self.queue = [q for q in self.queue if q[0] not in self.futures]
         for episode_id, future in list(self.futures.items()):
-            future.set_result({"episode_id": episode_id, "reward": None, "error": f"worker died: {error}"})
+            future.set_result(failed(episode_id, f"worker died: {error}"))
         self.futures.clear()
 
     def rss_mb(self) -> float:

@@ -45,7 +45,7 @@ def refuse_cuda_before_fork(job: dict) -> None:
     if on_gpu and torch is not None and torch.cuda.is_initialized():
         raise UserError(f"this process has already used CUDA, and the head's actors (model {on_gpu[0]!r} "
                         "on cuda among them) are forked from it: a forked process cannot use CUDA. "
-                        "Start the head before any CUDA work, or in its own process (`actorjet head`).")
+                        "Start the head before any CUDA work, or in its own process (`actorjet start`).")
 
 
 def read_head_file(run_dir: Path) -> dict:

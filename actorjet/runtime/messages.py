@@ -58,7 +58,6 @@ class Escalated:
 class ChildRestarted:
     """Bubbled up to the root so the registry can count restarts per child path."""
     path: str
-    latency_ms: float | None = None
 
 
 @dataclass
@@ -95,6 +94,12 @@ class Crash:
 
 
 @dataclass
+class Stopped:
+    """Reply of the root supervisor to StopTree once every child is stopped."""
+    path: str
+
+
+@dataclass
 class StopTree:
     """Ask a supervisor to stop its children in reverse order, then itself."""
 
@@ -114,7 +119,6 @@ class Introduce:
     reason: str = ""
     admission: str = ""
     registry: Any = None
-    head_epoch: int = 0
 
 
 @dataclass

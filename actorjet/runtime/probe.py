@@ -1,4 +1,4 @@
-"""A minimal managed actor, used by tests, benchmarks and `actorjet doctor`-style checks.
+"""A minimal managed actor, used by tests and benchmarks of supervision.
 
 It answers pings with its pid and the args its spec gave it, which is exactly what a
 restart test needs to see: a new process that got its spec's state back.

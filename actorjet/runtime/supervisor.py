@@ -239,7 +239,7 @@ class Supervisor(ManagedActor):
         self.escalated = True       # no restarts while shutting down
         for child_id in [c.id for c in reversed(self.spec.children)]:
             self._stop(child_id)
-        self.send(sender, m.Started("stopped"))
+        self.send(sender, m.Stopped(self.path))
 
     def info(self) -> dict:
         return {"path": self.path, "children": sorted(self.addresses), "restarts": dict(self.counts),
