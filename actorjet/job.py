@@ -27,9 +27,9 @@ MODEL_DEFAULTS = {
     "eval_max_tokens": 8, "default_max_tokens": 256,
     "merge": "auto",   # context tracker: none | prefix | tree | auto (the best the model supports)
     "attention": "model",         # model (its own kernel) | exact (packing changes no bit; slower)
-    "merge_match": "ids",         # ids | text (for engines that re-tokenize; see context/align.py)
+    "merge_match": "ids",         # ids | text (for engines that re-tokenize; see rl/align.py)
     "merge_ignore_tools": False,  # merge turns whose tool lists differ (an approximation; align.py)
-    "threads": 0,   # torch threads per engine/learner process; 0 = auto (see models/threads.py)
+    "threads": 0,   # torch threads per engine/learner process; 0 = auto (see serving/threads.py)
     "groups_per_step": 0,   # this model's batch size in GRPO groups; 0 = [train] groups_per_step
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
@@ -126,7 +126,7 @@ def check_tasks(job: dict) -> None:
     so a typo or unshippable code is one line at start instead of a crashing registry."""
     import importlib
 
-    from actorjet.registry.behaviors import Unshippable, pickle_function
+    from actorjet.behaviors import Unshippable, pickle_function
 
     for task in job["tasks"]:
         where = f"task {task['name']!r}"
@@ -151,7 +151,7 @@ def build_model(source: str, seed: int, progress=None) -> str:
     """A model's local directory, built or unpacked by the zoo in a child process (see prepare)."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "actorjet.models.zoo", source, str(seed)]
+    cmd = [sys.executable, "-m", "actorjet.serving.zoo", source, str(seed)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     path = None
     for line in proc.stdout:
@@ -179,7 +179,7 @@ def model_config_here(job: dict, name: str) -> dict:
     if Path(cfg["source"]).is_dir():
         cfg["path"] = cfg["source"]
         return cfg
-    from actorjet.models.zoo import cache_dir
+    from actorjet.serving.zoo import cache_dir
 
     cache_dir().mkdir(parents=True, exist_ok=True)
     with open(cache_dir() / ".build.lock", "w") as lock:      # engine, gateway and learner start together

@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from actorjet.context.pack import lower_bound, pack, repair_drift  # noqa: E402
+from actorjet.rl.pack import lower_bound, pack, repair_drift  # noqa: E402
 from common import table, write  # noqa: E402
 
 SCALE = {"tiny-arith": 1, "smollm2-135m": 4}          # token sizes × this (tiny: 256 positions)
 EPISODES = {"tiny-arith": 16, "smollm2-135m": 1}      # episodes per learner step
-TREE_MAX_TOKENS = 4096                                # as in actorjet/context/merger.py
+TREE_MAX_TOKENS = 4096                                # as in actorjet/actors/merger.py
 
 
 def batch(make, episodes: int, rng) -> list:
@@ -91,20 +91,20 @@ def grpo_group(samples: int, s: int, vocab: int, rng) -> list:
 
 def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
     """Calls recorded by the real gateway from a 3-turn agent using the openai SDK."""
-    from actorjet.models import keys
-    from actorjet.models.engine import TransformersEngine
-    from actorjet.models.gateway import Gateway, local_backend
-    from actorjet.models.serve import AppServer
+    from actorjet import signing
+    from actorjet.serving.engine import TransformersEngine
+    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.serve import AppServer
     from actorjet.runner.llm import LLM
     from agents import multiturn
 
     engine = TransformersEngine(model_dir)
-    gw = Gateway("m", engine.tokenizer, local_backend(engine), "bench", engine.max_len)
+    gw = GatewayApp("m", engine.tokenizer, local_backend(engine), "bench", engine.max_len)
     server = AppServer(gw.app())
     try:
         for e in range(n_episodes):
             task = next(multiturn.tasks(e))
-            multiturn.behavior(task, LLM({"m": server.url + "/v1"}, keys.mint("bench", f"r{e}")))
+            multiturn.behavior(task, LLM({"m": server.url + "/v1"}, signing.mint_key("bench", f"r{e}")))
         recorded = gw.store.collect([f"r{e}" for e in range(n_episodes)])
     finally:
         server.stop()
@@ -116,7 +116,7 @@ def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
 def step_times(model, packings: dict[str, list[dict]], repeats: int) -> dict[str, float]:
     """Median learner-step time per packing, measured in interleaved rounds so that drifts
     of the machine (other processes, thermal) hit every packing alike."""
-    from actorjet.models.grpo import GRPOConfig, grpo_step
+    from actorjet.rl.grpo import GRPOConfig, grpo_step
 
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     # Packings that came out identical (e.g. tree = prefix on plain chains) are the same
@@ -154,7 +154,7 @@ def main() -> None:
     args = ap.parse_args()
     load = {}
     if args.attention == "exact":
-        from actorjet.models import exact_attention
+        from actorjet.rl import exact_attention
         load["attn_implementation"] = exact_attention.register()
     torch.set_num_threads(2)
     results, rows = {}, []

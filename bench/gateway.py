@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from actorjet.models import keys  # noqa: E402
+from actorjet import signing  # noqa: E402
 from actorjet.runner.llm import LLM  # noqa: E402
 from common import start_head, table, wait_for_service, write  # noqa: E402
 
@@ -25,7 +25,7 @@ from common import start_head, table, wait_for_service, write  # noqa: E402
 def drive(url: str, token: str, concurrency: int, requests: int, max_tokens: int, tag: str) -> float:
     def one(i: int) -> int:
         # the runners' helper: one pooled client per thread, a fresh episode key per request
-        client = LLM({"policy": url}, keys.mint(token, f"{tag}.{i}")).client()
+        client = LLM({"policy": url}, signing.mint_key(token, f"{tag}.{i}")).client()
         reply = client.chat.completions.create(model="policy", max_tokens=max_tokens, temperature=1.0,
                                                messages=[{"role": "user", "content": f"{i % 100:02d}+17="}])
         return len(reply.choices)

@@ -189,10 +189,10 @@ def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actorjet.context.samples import call_sample, group_advantages
+    from actorjet.rl.samples import call_sample, group_advantages
     from actorjet.job import normalize, prepare
-    from actorjet.models.engine import GenRequest, TransformersEngine
-    from actorjet.models.grpo import GRPOConfig, grpo_step
+    from actorjet.serving.engine import GenRequest, TransformersEngine
+    from actorjet.rl.grpo import GRPOConfig, grpo_step
     task_module = importlib.import_module(TASKS.get(model, "digits_task"))
     max_tokens = getattr(task_module, "MAX_TOKENS", 4)
     path = prepare(normalize({"models": [{"name": "policy", "source": model}]}))["models"][0]["path"]

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import actorjet  # noqa: E402,F401
 from actorjet.cli.behavior_cmds import pickle_behavior, send  # noqa: E402
-from actorjet.registry.behaviors import sign_upload  # noqa: E402
+from actorjet.behaviors import sign_upload  # noqa: E402
 from actorjet.runtime import messages as m  # noqa: E402
 from actorjet.runtime.head import attach_root, status  # noqa: E402
 import hosts  # noqa: E402

@@ -1,8 +1,8 @@
 """Context tracker pre-steps: text matching for re-tokenizing engines, ignoring tool lists."""
 import pytest
 
-from actorjet.context import align
-from actorjet.context.pack import full_ids, pack
+from actorjet.rl import align
+from actorjet.rl.pack import full_ids, pack
 from actorjet.errors import UserError
 from actorjet.job import normalize
 
@@ -17,7 +17,7 @@ def _call(prompt, completion, index, tools=None, messages=None):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from actorjet.models import zoo
+    from actorjet.serving import zoo
     return AutoTokenizer.from_pretrained(zoo.resolve("smollm2-135m"))
 
 

@@ -5,7 +5,7 @@ import pickle
 import cloudpickle
 import pytest
 
-from actorjet.registry.behaviors import BehaviorRejected, load, sign
+from actorjet.behaviors import BehaviorRejected, load, sign
 
 
 class _Boom:
@@ -88,7 +88,7 @@ def test_task_source_serves_the_stored_version_unless_the_config_changed(tmp_pat
 
 
 def test_a_runner_reports_code_that_fails_to_unpickle_instead_of_crashing(monkeypatch):
-    from actorjet.runner.runner import load_behavior
+    from actorjet.runner.episode import load_behavior
 
     monkeypatch.setenv("ACTORJET_TOKEN", "s")      # the secret a runner's node was joined with
 

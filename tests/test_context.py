@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from actorjet.context.pack import full_ids, pack, repair_drift
-from actorjet.models import exact_attention, zoo
-from actorjet.models.grpo import MIN_ROWS, GRPOConfig, collate, grpo_step, term_logprobs
+from actorjet.rl.pack import full_ids, pack, repair_drift
+from actorjet.rl import exact_attention
+from actorjet.serving import zoo
+from actorjet.rl.grpo import MIN_ROWS, GRPOConfig, collate, grpo_step, term_logprobs
 
 VOCAB = range(4, 21)
 # The learner's layout-independent attention (`attention = "exact"`): with it, packed and
@@ -185,19 +186,19 @@ def test_real_multi_turn_episodes_through_the_gateway_merge_exactly(model):
     """agents/multiturn.py (openai SDK, 3 turns) against the real gateway and engine: the
     recorded calls merge (drift repaired where the template re-encodes an answer) into fewer
     sequences whose logprobs equal each call's own, and every sampled token is trained once."""
-    from actorjet.models import keys
-    from actorjet.models.engine import TransformersEngine
-    from actorjet.models.gateway import Gateway, local_backend
-    from actorjet.models.serve import AppServer
+    from actorjet import signing
+    from actorjet.serving.engine import TransformersEngine
+    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.serve import AppServer
     from actorjet.runner.llm import LLM
     from agents import multiturn
 
     engine = TransformersEngine(zoo.tiny_arith(0), seed=0)
-    gw = Gateway("m", engine.tokenizer, local_backend(engine), "test", engine.max_len)
+    gw = GatewayApp("m", engine.tokenizer, local_backend(engine), "test", engine.max_len)
     server = AppServer(gw.app())
     try:
         for e in range(4):
-            multiturn.behavior(next(multiturn.tasks(e)), LLM({"m": server.url + "/v1"}, keys.mint("test", f"r{e}")))
+            multiturn.behavior(next(multiturn.tasks(e)), LLM({"m": server.url + "/v1"}, signing.mint_key("test", f"r{e}")))
         recorded = gw.store.collect([f"r{e}" for e in range(4)])
     finally:
         server.stop()

@@ -4,7 +4,7 @@ import socket
 
 from aiohttp import web
 
-from actorjet.models.serve import AppServer
+from actorjet.serving.serve import AppServer
 from actorjet.runtime import endpoints
 
 

@@ -3,9 +3,9 @@ import importlib.util
 import pytest
 import torch
 
-from actorjet.models import zoo
-from actorjet.models.engine import GenRequest, TransformersEngine
-from actorjet.models.learner_actor import save_weights
+from actorjet.serving import zoo
+from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.actors.learner import save_weights
 
 
 def test_concurrent_requests_are_batched_and_weights_swap_between_batches(tmp_path):
@@ -34,7 +34,7 @@ def test_concurrent_requests_are_batched_and_weights_swap_between_batches(tmp_pa
 @pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
                     reason="the vLLM engine needs a CUDA GPU and `pip install 'actorjet[vllm]'`")
 def test_vllm_engine_matches_the_contract(tmp_path):   # pragma: no cover - GPU machines only
-    from actorjet.models.vllm_engine import VLLMEngine
+    from actorjet.serving.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(str(zoo.tiny_arith(0)), dtype="float32", gpu_memory_utilization=0.2)
     prompt = engine.tokenizer("12+34=")["input_ids"]
@@ -47,8 +47,8 @@ def test_vllm_engine_matches_the_contract(tmp_path):   # pragma: no cover - GPU 
 def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU machines only
     from transformers import AutoModelForCausalLM
 
-    from actorjet.context.samples import call_sample
-    from actorjet.models.grpo import GRPOConfig, grpo_step
+    from actorjet.rl.samples import call_sample
+    from actorjet.rl.grpo import GRPOConfig, grpo_step
 
     path = zoo.tiny_arith(0)
     engine = TransformersEngine(path, device="cuda")

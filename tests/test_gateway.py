@@ -6,10 +6,12 @@ import urllib.request
 import openai
 import pytest
 
-from actorjet.models import keys, zoo
-from actorjet.models.engine import TransformersEngine
-from actorjet.models.gateway import Gateway, local_backend
-from actorjet.models.serve import AppServer
+from actorjet import signing
+
+from actorjet.serving import zoo
+from actorjet.serving.engine import TransformersEngine
+from actorjet.serving.gateway import GatewayApp, local_backend
+from actorjet.serving.serve import AppServer
 
 SECRET = "test-secret"
 
@@ -27,7 +29,7 @@ def http(url, body=None, headers=None, raw=None):
 @pytest.fixture(scope="module")
 def served():
     engine = TransformersEngine(zoo.tiny_arith(0))
-    gw = Gateway("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len)
+    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len)
     server = AppServer(gw.app())
     yield gw, server
     server.stop()
@@ -35,7 +37,7 @@ def served():
 
 
 def client(server, episode="e1", **kw):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint(SECRET, episode), max_retries=0, **kw)
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key(SECRET, episode), max_retries=0, **kw)
 
 
 def test_chat_completion_is_recorded_with_tokens_and_logprobs(served):
@@ -127,25 +129,25 @@ def test_keys_closed_episodes_and_raw_http_errors(served):
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-not-ours", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
-    forged = openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint("other-secret", "e9"), max_retries=0)
+    forged = openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key("other-secret", "e9"), max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         forged.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
     gw.store.collect(["ep7"])        # the merger collected it: the episode is closed
     with pytest.raises(openai.ConflictError):
         client(server, "ep7").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
     status, body = http(server.url + "/v1/chat/completions", raw=b"{not json",
-                        headers={"Authorization": f"Bearer {keys.mint(SECRET, 'ep8')}"})
+                        headers={"Authorization": f"Bearer {signing.mint_key(SECRET, 'ep8')}"})
     assert status == 400 and body["error"]["message"]
     status, _ = http(server.url + "/internal/collect", {"episodes": []})
     assert status == 403
     status, body = http(server.url + "/v1/chat/completions", raw=b" " * (17 * 1024 * 1024),   # over 16 MiB
-                        headers={"Authorization": f"Bearer {keys.mint(SECRET, 'ep8')}"})
+                        headers={"Authorization": f"Bearer {signing.mint_key(SECRET, 'ep8')}"})
     assert status == 413 and "too large" in body["error"]["message"].lower(), body
     assert http(server.url + "/healthz")[1]["ok"] is True
 
 
 def test_tool_calls_are_parsed_in_the_openai_shape():
-    from actorjet.models.openai_api import split_tool_calls
+    from actorjet.serving.openai_api import split_tool_calls
 
     text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     content, calls = split_tool_calls(text)
@@ -176,10 +178,10 @@ def test_engine_client_sends_concurrent_requests_together_and_never_leaves_one_w
 
     from aiohttp import web
 
-    from actorjet.models.engine import GenRequest
-    from actorjet.models.engine_actor import engine_app
-    from actorjet.models.gateway import EngineUnavailable
-    from actorjet.models.gateway_actor import HttpEngineBackend
+    from actorjet.serving.engine import GenRequest
+    from actorjet.actors.engine import engine_app
+    from actorjet.serving.gateway import EngineUnavailable
+    from actorjet.actors.gateway import HttpEngineBackend
 
     engine = TransformersEngine(zoo.tiny_arith(0), seed=0)
     app = engine_app(engine)

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from actorjet.models import zoo
-from actorjet.models.engine import GenRequest, TransformersEngine
+from actorjet.serving import zoo
+from actorjet.serving.engine import GenRequest, TransformersEngine
 from jobs import tiny_arith
 from swarm import REPO, pid_of, wait_until
 

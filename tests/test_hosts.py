@@ -196,7 +196,7 @@ def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm,
     assert status()["models"] == [] or status()["models"][0]["learner_step"] == 0
     # the model node sees neither the head's run directory nor its model cache (hidden under
     # empty mounts): it builds its own copy of the model and keeps its files in its own home
-    from actorjet.models.zoo import cache_dir
+    from actorjet.serving.zoo import cache_dir
     cache = tmp_path / "modelbox-cache"
     swarm.join(port, token, "modelbox", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
                prefix=modelbox.without(run, cache_dir()))

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from actorjet.context.samples import call_sample, group_advantages, reward_for
-from actorjet.models import zoo
-from actorjet.models.engine import GenRequest, TransformersEngine
-from actorjet.models.grpo import GRPOConfig, collate, grpo_step, micro_batches, term_logprobs
+from actorjet.rl.samples import call_sample, group_advantages, reward_for
+from actorjet.serving import zoo
+from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, micro_batches, term_logprobs
 
 
 @pytest.fixture(scope="module")

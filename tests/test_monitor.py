@@ -161,7 +161,7 @@ def test_top_says_when_the_head_is_gone_and_comes_back_with_it():
     from aiohttp import web
 
     from actorjet.cli.top import Poller, screen
-    from actorjet.models.serve import AppServer
+    from actorjet.serving.serve import AppServer
 
     async def status(request):
         if request.headers.get("Authorization") != "Bearer t":

@@ -15,14 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actorjet.models import keys, zoo
-from actorjet.models.engine import GenRequest, RequestFailed, TransformersEngine
-from actorjet.models.engine_actor import engine_app
-from actorjet.models.gateway import Gateway, local_backend
-from actorjet.models.gateway_actor import HttpEngineBackend
-from actorjet.models.openai_api import ApiError
-from actorjet.models.serve import AppServer
-from actorjet.rewards import bad_reward
+from actorjet import signing
+
+from actorjet.serving import zoo
+from actorjet.serving.engine import GenRequest, RequestFailed, TransformersEngine
+from actorjet.actors.engine import engine_app
+from actorjet.serving.gateway import GatewayApp, local_backend
+from actorjet.actors.gateway import HttpEngineBackend
+from actorjet.serving.openai_api import ApiError
+from actorjet.serving.serve import AppServer
+from actorjet.rl.rewards import bad_reward
 from swarm import REPO, wait_until
 
 SECRET = "poison-secret"
@@ -48,7 +50,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def served(engine):
-    gw = Gateway("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len, default_max_tokens=4)
+    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len, default_max_tokens=4)
     server = AppServer(gw.app())
     yield gw, server
     server.stop()
@@ -92,7 +94,7 @@ def _check(status, body):
 def test_any_body_gets_json_4xx_or_success_never_5xx(served, path, body, raw, auth):
     gw, server = served
     episode = "fuzz1"
-    token = {"episode": keys.mint(SECRET, episode), "cluster": SECRET, "junk": "x" * 40}[auth]
+    token = {"episode": signing.mint_key(SECRET, episode), "cluster": SECRET, "junk": "x" * 40}[auth]
     status, answer = http(server.url + path.replace("EP", episode), body, {"Authorization": f"Bearer {token}"},
                           raw=raw if raw is not None else (json.dumps(body, allow_nan=True).encode()))
     _check(status, answer)
@@ -100,7 +102,7 @@ def test_any_body_gets_json_4xx_or_success_never_5xx(served, path, body, raw, au
 
 def test_a_valid_request_succeeds_after_the_fuzzing_and_errors_are_openai_shaped(served):
     gw, server = served
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint(SECRET, "after"), max_retries=0)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key(SECRET, "after"), max_retries=0)
     reply = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "12+30="}], max_tokens=4)
     assert reply.choices[0].message.content is not None
     for bad, field in (({"stream": "false"}, "stream"), ({"logprobs": "true"}, "logprobs"),
@@ -108,7 +110,7 @@ def test_a_valid_request_succeeds_after_the_fuzzing_and_errors_are_openai_shaped
                        ({"messages": [{"role": "user", "content": ""}]}, "messages")):
         body = {"model": "tiny", "messages": [{"role": "user", "content": "1+1="}], **bad}
         status, answer = http(server.url + "/v1/chat/completions", body,
-                              {"Authorization": f"Bearer {keys.mint(SECRET, 'after')}"})
+                              {"Authorization": f"Bearer {signing.mint_key(SECRET, 'after')}"})
         assert status == 400 and answer["error"]["param"] == field, (bad, answer)
     status, answer = http(server.url + "/v1/nowhere", {}, method="GET")
     assert status == 404 and answer["error"]["message"]
@@ -120,7 +122,7 @@ def test_a_valid_request_succeeds_after_the_fuzzing_and_errors_are_openai_shaped
 
 def test_tiny_temperature_is_sampled_greedily_not_a_poison(served):
     gw, server = served
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint(SECRET, "cold"), max_retries=0)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key(SECRET, "cold"), max_retries=0)
     kw = dict(model="tiny", messages=[{"role": "user", "content": "12+30="}], max_tokens=4)
     assert (c.chat.completions.create(temperature=1e-30, **kw).choices[0].message.content
             == c.chat.completions.create(temperature=0, **kw).choices[0].message.content)
@@ -128,7 +130,7 @@ def test_tiny_temperature_is_sampled_greedily_not_a_poison(served):
 
 def test_logprobs_spell_the_content_with_alternatives(served):
     gw, server = served
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint(SECRET, "lp"), max_retries=0)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key(SECRET, "lp"), max_retries=0)
     reply = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "23+45="}], max_tokens=6,
                                       logprobs=True, top_logprobs=3, stop=["\n"])
     choice = reply.choices[0]

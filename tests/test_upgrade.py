@@ -59,7 +59,7 @@ def cli(*args, run=None, env=None, host=None):
 TAMPER = """
 import sys
 import actorjet
-from actorjet.registry.behaviors import sign_upload
+from actorjet.behaviors import sign_upload
 from actorjet.runtime import messages as m
 from actorjet.runtime.head import attach_root, lookup
 port, token = int(sys.argv[1]), sys.argv[2]

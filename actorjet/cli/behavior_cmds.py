@@ -73,7 +73,7 @@ def _raw():
 
 def pickle_behavior(ref: str) -> tuple[bytes, str]:
     """(cloudpickled function, a description of where it came from) or a UserError."""
-    from actorjet.registry import behaviors
+    from actorjet import behaviors
 
     path_text, sep, fn_name = ref.rpartition(":")
     if not sep or not path_text.endswith(".py") or not fn_name:
@@ -160,7 +160,7 @@ def _report(reply: m.UpgradeReply, took: float, behind: list[str], what: str) ->
 
 def cmd_upgrade(args) -> int:
     from actorjet.cli.node_cmds import head_address, head_token
-    from actorjet.registry.behaviors import sign_upload
+    from actorjet.behaviors import sign_upload
 
     if args.canary < 0:
         raise UserError("--canary must be >= 0")

@@ -9,8 +9,8 @@ import time
 from collections import deque
 
 from actorjet import metrics
-from actorjet.rewards import bad_reward
-from actorjet.registry import behaviors
+from actorjet.rl.rewards import bad_reward
+from actorjet import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.leases import LeaseDesk
 from actorjet.registry.upgrades import UpgradeDesk

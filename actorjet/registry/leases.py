@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from actorjet.models import keys
-from actorjet.rewards import bad_reward
+from actorjet import signing
+from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
@@ -113,7 +113,7 @@ class LeaseDesk:
         episodes = []
         for k in members:
             episode_id = f"{group['group_id']}.{k}{suffix}"
-            episodes.append({"episode_id": episode_id, "api_key": keys.mint(self.desk.token, episode_id)})
+            episodes.append({"episode_id": episode_id, "api_key": signing.mint_key(self.desk.token, episode_id)})
         self.leases[lease_id] = {"group_id": group["group_id"], "members": list(members), "episodes": episodes,
                                  "runner_id": runner_id, "deadline": time.time() + self.lease_timeout + GRACE_S}
         self.counts["in_flight"] += len(members)

@@ -5,15 +5,10 @@ plain functions a test can call directly.
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import time
 from dataclasses import dataclass, field
 
-
-def node_auth(token: str, node_id: str) -> str:
-    """What a member puts in its capabilities: proves it knows the token without sending it."""
-    return hmac.new(token.encode(), node_id.encode(), hashlib.sha256).hexdigest()
+from actorjet.signing import node_auth, same
 
 
 @dataclass
@@ -51,7 +46,7 @@ class NodeTable:
         node_id, name = caps.get("node_id"), caps.get("name")
         if not node_id or not name:
             return "not an ActorJet node (no node_id/name capability)"
-        if not hmac.compare_digest(str(caps.get("actorjet_auth", "")), node_auth(self.token, node_id)):
+        if not same(str(caps.get("actorjet_auth", "")), node_auth(self.token, node_id)):
             return "wrong join token"
         for other in self.nodes.values():
             if other.name == name and other.alive and other.node_id != node_id:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 
-from actorjet.models import keys
-from actorjet.registry import behaviors
+from actorjet import signing
+from actorjet import behaviors
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
@@ -68,7 +68,7 @@ class UpgradeDesk:
                         error="no live runner to run the canary on; join a node or pass --canary 0")
             return
         group_id = f"canary_{version}_{int(time.time() * 1000)}"     # key-safe characters only
-        episodes = [{"episode_id": f"{group_id}.{k}", "api_key": keys.mint(self.desk.token, f"{group_id}.{k}")}
+        episodes = [{"episode_id": f"{group_id}.{k}", "api_key": signing.mint_key(self.desk.token, f"{group_id}.{k}")}
                     for k in range(msg.canary)]
         lease = {"group_id": group_id, "tasks": [next(source.tasks) for _ in episodes],
                  "urls": self.desk.gateway_urls(), "episodes": episodes}

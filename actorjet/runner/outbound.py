@@ -28,9 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from actorjet.errors import UserError
-from actorjet.rewards import failed
-from actorjet.registry.behaviors import SECRET_ENV
-from actorjet.runner.runner import load_behavior, run_episode
+from actorjet.rl.rewards import failed
+from actorjet.signing import SECRET_ENV
+from actorjet.runner.episode import load_behavior, run_episode
 
 POLL_S = 0.05
 

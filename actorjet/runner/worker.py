@@ -19,11 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import psutil
 
-from actorjet.rewards import failed
+from actorjet.rl.rewards import failed
 
 
 def _worker_main(conn, threads: int) -> None:
-    from actorjet.runner.runner import load_behavior, run_episode
+    from actorjet.runner.episode import load_behavior, run_episode
 
     loaded: dict[tuple, object] = {}
     lock = threading.Lock()
@@ -64,7 +64,7 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["actorjet.runner.runner", "openai"])
+        _CTX.set_forkserver_preload(["actorjet.actors.runner", "openai"])
     return _CTX
 
 

@@ -17,8 +17,6 @@ The counter lives per process; a process started under a node directory also wri
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import pickle
 import time
@@ -26,19 +24,12 @@ from pathlib import Path
 
 from actorjet.errors import UserError
 from actorjet.runtime import endpoints
+from actorjet.signing import FrameMac, frame_key
 from actorjet.runtime.logs import log
 
 THESPIAN_VERSION = "4.0.1"        # the transport shape below was checked against this release
 TAG_BYTES = 32
 LOG_EVERY_S = 10.0
-INFO = b"actorjet thespian frames v1"
-
-
-def derive_key(token: str) -> bytes:
-    """HKDF-SHA256 (RFC 5869) of the cluster token: one 32-byte key for frames, distinct from
-    every other use of the token."""
-    prk = hmac.new(b"actorjet", token.encode(), hashlib.sha256).digest()
-    return hmac.new(prk, INFO + b"\x01", hashlib.sha256).digest()
 
 
 class Rejected:
@@ -62,17 +53,14 @@ class SignedPickle:
 
     @property
     def key(self) -> bytes:
-        return self._key
+        return self._mac.key
 
     @key.setter
     def key(self, key: bytes) -> None:
-        # the keyed HMAC state, computed once: a copy per frame is half the cost of hmac.new
-        self._key, self._keyed = key, hmac.new(key, digestmod=hashlib.sha256)
+        self._mac = FrameMac(key)
 
     def tag(self, data) -> bytes:
-        mac = self._keyed.copy()
-        mac.update(data)
-        return mac.digest()
+        return self._mac.tag(data)
 
     def dumps(self, obj) -> bytes:
         data = pickle.dumps(obj)
@@ -81,7 +69,7 @@ class SignedPickle:
     def loads(self, frame: bytes):
         view = memoryview(frame)
         tag, data = view[:TAG_BYTES], view[TAG_BYTES:]
-        if len(tag) == TAG_BYTES and hmac.compare_digest(tag, self.tag(data)):
+        if len(tag) == TAG_BYTES and self._mac.ok(data, tag):
             return pickle.loads(data)
         self.rejected += 1
         _write_count(self.rejected)
@@ -107,7 +95,7 @@ def install(token: str) -> None:
     if not token:
         raise UserError("the actor transport needs the cluster token (pass --token, or --run-dir of the head)")
     transport, buffers = _thespian_transport()
-    key = derive_key(token)
+    key = frame_key(token)
     if _signer is None:
         _signer = SignedPickle(key)
         _wrap_incoming(transport)

@@ -11,14 +11,14 @@ from actorjet.errors import UserError
 
 KINDS = {
     "supervisor": "actorjet.runtime.supervisor:Supervisor",
-    "registry": "actorjet.registry.actor:Registry",
-    "runner_supervisor": "actorjet.runner.supervisor:RunnerSupervisor",
-    "merger": "actorjet.context.merger:Merger",
-    "engine": "actorjet.models.engine_actor:Engine",
-    "gateway": "actorjet.models.gateway_actor:Gateway",
-    "learner": "actorjet.models.learner_actor:Learner",
+    "registry": "actorjet.actors.registry:Registry",
+    "runner_supervisor": "actorjet.actors.runner_supervisor:RunnerSupervisor",
+    "merger": "actorjet.actors.merger:Merger",
+    "engine": "actorjet.actors.engine:Engine",
+    "gateway": "actorjet.actors.gateway:Gateway",
+    "learner": "actorjet.actors.learner:Learner",
     "probe": "actorjet.runtime.probe:Probe",
-    "door": "actorjet.runner.door:Door",
+    "door": "actorjet.actors.door:Door",
 }
 
 

@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 
 from actorjet.errors import UserError
-from actorjet.registry.nodes import node_auth
+from actorjet.signing import node_auth
 from actorjet.runtime import frames
 from actorjet.runtime import messages as m
 from actorjet.runtime import system

@@ -234,7 +234,7 @@ class LeaseRequest:
 @dataclass
 class Leases:
     leases: list                 # [{lease_id, group_id, task_name, task, urls, behavior, version, episodes, timeout_s}]
-    behaviors: dict              # name → signed payload (registry/behaviors.py), only new ones
+    behaviors: dict              # name → signed payload (behaviors.py), only new ones
     tag: str = ""
 
 
@@ -388,7 +388,7 @@ class ClientEvent:
 @dataclass
 class Upgrade:
     """`actorjet upgrade` → registry: new code for the behavior of task ``upload["name"]``."""
-    upload: dict                 # registry/behaviors.py sign_upload(): {name, blob, source, sig}
+    upload: dict                 # behaviors.py sign_upload(): {name, blob, source, sig}
     canary: int = 0              # episodes to run on one runner before anyone else gets it
     policy: str = "finish"       # finish | abort: what happens to episodes in flight on the old code
     timeout_s: float = 120.0     # for the canary
@@ -414,7 +414,7 @@ class UpgradeReply:
 @dataclass
 class BehaviorUpdate:
     """Registry → runner: swap to this version between episodes (policy for the ones in flight)."""
-    payload: dict                # signed: registry/behaviors.py sign()
+    payload: dict                # signed: behaviors.py sign()
     policy: str = "finish"
 
 

@@ -1,6 +1,6 @@
 """An attention kernel whose result does not depend on where a token sits in a batch.
 
-Packed training (actorjet/context/pack.py) computes a call's tokens inside a longer sequence,
+Packed training (actorjet/rl/pack.py) computes a call's tokens inside a longer sequence,
 in another order (tree packing interleaves siblings) and next to masked positions.  Float32
 attention sums its softmax and value products over rows of different lengths then, in a
 different order, and rounds differently: logprobs move by ~1e-5.  This kernel is eager

@@ -16,11 +16,11 @@ from aiohttp import web
 from thespian.actors import WakeupMessage
 
 from actorjet.job import model_config_here
-from actorjet.models.engine import GenRequest, RequestFailed
-from actorjet.models.serve import AppServer
+from actorjet.serving.engine import GenRequest, RequestFailed
+from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
-from actorjet.runtime.tokens import bearer_ok
+from actorjet.signing import bearer_ok
 
 
 PROGRESS_S = 1.0
@@ -29,10 +29,10 @@ PROGRESS_S = 1.0
 def make_engine(cfg: dict, seed: int):
     """The engine a model config asks for; vLLM is imported only when asked for."""
     if cfg["engine"] == "vllm":
-        from actorjet.models.vllm_engine import VLLMEngine
+        from actorjet.serving.vllm_engine import VLLMEngine
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
                           seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True)
-    from actorjet.models.engine import TransformersEngine
+    from actorjet.serving.engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
                               max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True)
 
@@ -75,7 +75,7 @@ class Engine(ManagedActor):
         cfg = model_config_here(job, self.model)
         self.engine = make_engine(cfg, job["train"]["seed"])
         if cfg["engine"] == "transformers":
-            from actorjet.models import threads
+            from actorjet.serving import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
         self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"engine.{self.model}")
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))

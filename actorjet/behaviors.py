@@ -7,13 +7,11 @@ its own environment, not from the message that brought the payload).
 """
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 
 import cloudpickle
 
-SECRET_ENV = "ACTORJET_TOKEN"
+from actorjet.signing import SECRET_ENV, behavior_mac as _mac, same
 
 
 class BehaviorRejected(Exception):
@@ -63,11 +61,6 @@ def _unpicklable_globals(fn) -> list[tuple[str, object]]:
     return bad
 
 
-def _mac(secret: str, name: str, version: int, blob: bytes) -> str:
-    digest = hashlib.sha256(blob).hexdigest()
-    return hmac.new(secret.encode(), f"{name}\n{version}\n{digest}".encode(), hashlib.sha256).hexdigest()
-
-
 def sign(secret: str, name: str, version: int, blob: bytes) -> dict:
     return {"name": name, "version": version, "blob": blob, "sig": _mac(secret, name, version, blob)}
 
@@ -84,7 +77,7 @@ def check_upload(secret: str, upload) -> str | None:
     if not isinstance(upload["blob"], bytes):
         return "the payload is not bytes"
     want = _mac(secret, "upload:" + str(upload["name"]), 0, upload["blob"])
-    if not hmac.compare_digest(want, str(upload["sig"])):
+    if not same(want, str(upload["sig"])):
         return "bad signature: tampered with, or signed with another cluster's token"
     return None
 
@@ -97,7 +90,7 @@ def load(payload, secret: str | None = None):
     if not isinstance(payload, dict) or not {"name", "version", "blob", "sig"} <= set(payload):
         raise BehaviorRejected("not a signed behavior payload (raw pickles are refused)")
     want = _mac(secret, payload["name"], payload["version"], payload["blob"])
-    if not hmac.compare_digest(want, str(payload["sig"])):
+    if not same(want, str(payload["sig"])):
         raise BehaviorRejected(f"bad signature on {payload['name']} v{payload['version']}: "
                                "tampered with, or signed with another cluster's key")
     return cloudpickle.loads(payload["blob"])

@@ -16,10 +16,10 @@ import aiohttp
 from thespian.actors import WakeupMessage
 
 from actorjet.job import model_config_here
-from actorjet.models.engine import GenRequest, GenResult
-from actorjet.models.gateway import EngineUnavailable, Gateway as GatewayApp
-from actorjet.models.openai_api import ApiError
-from actorjet.models.serve import AppServer
+from actorjet.serving.engine import GenRequest, GenResult
+from actorjet.serving.gateway import EngineUnavailable, GatewayApp
+from actorjet.serving.openai_api import ApiError
+from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 

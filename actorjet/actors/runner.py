@@ -13,16 +13,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 
 import psutil
 from thespian.actors import WakeupMessage
 
-from actorjet.registry import behaviors
-from actorjet.rewards import bad_reward, failed
-from actorjet.runner.llm import LLM
+from actorjet.rl.rewards import failed
+from actorjet.runner.episode import load_behavior, run_episode
 from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -35,30 +33,6 @@ POLL_S = 0.02
 def _exit_later(delay_s: float) -> None:
     time.sleep(delay_s)
     os._exit(0)
-
-
-def load_behavior(payload) -> tuple[object, str, str]:
-    """(function, error, traceback): code that fails to verify or to unpickle never crashes
-    the runner; it is reported and the runner keeps its old version."""
-    try:
-        return behaviors.load(payload), "", ""
-    except behaviors.BehaviorRejected as e:
-        return None, f"refused: {e}", ""
-    except Exception as e:  # noqa: BLE001 - unpickling runs arbitrary code
-        return None, f"could not load: {type(e).__name__}: {e}", traceback.format_exc(limit=-8)
-
-
-def run_episode(fn, task: dict, urls: dict, episode: dict) -> dict:
-    """One episode; any exception stays inside it and is reported as the episode's error."""
-    try:
-        reward = fn(dict(task), LLM(urls, episode["api_key"], episode["episode_id"]))
-    except Exception as e:  # noqa: BLE001 - agent code may fail in any way
-        return dict(failed(episode["episode_id"], f"{type(e).__name__}: {e}"),
-                    traceback=traceback.format_exc(limit=-8))
-    why = bad_reward(reward)       # NaN, a string, a nested dict: a failed episode, never a poisoned batch
-    if why:
-        return failed(episode["episode_id"], f"{why} (returned by the behavior)")
-    return {"episode_id": episode["episode_id"], "reward": reward}
 
 
 class AgentRunner(ManagedActor):

@@ -11,7 +11,7 @@ import importlib
 
 import torch
 
-from actorjet.models.engine import GenRequest, TransformersEngine
+from actorjet.serving.engine import GenRequest, TransformersEngine
 
 
 def eval_spec(source: str, model_name: str) -> tuple | None:

@@ -199,7 +199,7 @@ def tiny_judge(seed: int = 0, progress=None, steps: int = 250) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m actorjet.models.zoo SOURCE SEED``: build if needed, print the directory."""
+    """``python -m actorjet.serving.zoo SOURCE SEED``: build if needed, print the directory."""
     import sys
 
     def report(done, total):

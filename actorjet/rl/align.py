@@ -24,7 +24,7 @@ A timeline is the calls of one (model, role, episode), in call order.
 """
 from __future__ import annotations
 
-from actorjet.context.pack import full_ids, prefix_hashes
+from actorjet.rl.pack import full_ids, prefix_hashes
 
 
 def timelines(calls: list[tuple[dict, float]]) -> list[list[dict]]:

@@ -1,6 +1,6 @@
 """Rewards → advantages → training samples.
 
-Samples are packed samples (actorjet/context/pack.py): unmerged, one LLM call is one
+Samples are packed samples (actorjet/rl/pack.py): unmerged, one LLM call is one
 sample; the context tracker merges calls into fewer, longer ones in the same format.
 """
 from __future__ import annotations
@@ -28,6 +28,6 @@ def group_advantages(rewards: dict[str, float]) -> dict[str, float]:
 
 def call_sample(call: dict, advantage: float) -> dict:
     """One recorded call as one training sample (no merging)."""
-    from actorjet.context.pack import pack_none
+    from actorjet.rl.pack import pack_none
 
     return pack_none([(call, advantage)])[0].to_dict()

@@ -9,7 +9,7 @@ through ``collective_rpc`` from the learner's safetensors file.
 from __future__ import annotations
 
 from actorjet.errors import UserError
-from actorjet.models.engine import BatchingEngine, GenRequest, GenResult
+from actorjet.serving.engine import BatchingEngine, GenRequest, GenResult
 
 
 def _load_on_worker(worker, path: str) -> None:

@@ -19,13 +19,13 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from actorjet.models import keys
-from actorjet.models import openai_api as api
-from actorjet.models.engine import GenRequest, GenResult, RequestFailed
-from actorjet.models.openai_api import ApiError
-from actorjet.models.records import CallRecord, CallStore
-from actorjet.rewards import bad_reward
-from actorjet.runtime.tokens import bearer_ok
+from actorjet import signing
+from actorjet.serving import openai_api as api
+from actorjet.serving.engine import GenRequest, GenResult, RequestFailed
+from actorjet.serving.openai_api import ApiError
+from actorjet.serving.records import CallRecord, CallStore
+from actorjet.rl.rewards import bad_reward
+from actorjet.signing import bearer_ok
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
@@ -34,7 +34,7 @@ class EngineUnavailable(Exception):
     """The engine cannot answer right now (restarting): clients get a retryable 503."""
 
 
-class Gateway:
+class GatewayApp:
     def __init__(self, model: str, tokenizer, backend: Backend, secret: str, max_len: int,
                  store: CallStore | None = None, default_max_tokens: int = 256,
                  outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None,
@@ -75,7 +75,7 @@ class Gateway:
         if not key:
             raise ApiError(401, "missing API key: send 'Authorization: Bearer <episode key>'",
                            code="invalid_api_key", kind="authentication_error")
-        episode_id = keys.verify(self.secret, key)
+        episode_id = signing.verify_key(self.secret, key)
         if episode_id is None:
             raise ApiError(401, "invalid API key (not an ActorJet episode key)", code="invalid_api_key",
                            kind="authentication_error")
@@ -283,7 +283,7 @@ class Gateway:
         if len(json.dumps(body.get("task"))) > 100_000:
             raise ApiError(400, "'task' is over 100 kB of JSON", "task")
         episode_id = f"c{uuid.uuid4().hex[:16]}"
-        key = keys.mint(self.secret, episode_id)
+        key = signing.mint_key(self.secret, episode_id)
         self.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
                      "group": body.get("group"), "group_size": body.get("group_size", 1)})
         return web.json_response({"episode_id": episode_id, "api_key": key, "model": self.model,

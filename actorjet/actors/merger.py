@@ -18,7 +18,6 @@ one bad group never crashes the merger, so it can never crash it again after a r
 from __future__ import annotations
 
 import json
-import math
 import time
 import urllib.request
 from datetime import timedelta
@@ -28,17 +27,15 @@ import torch
 
 from aiohttp import web
 
-from actorjet.context import align, pack
-from actorjet.context.samples import group_advantages, reward_for
+from actorjet.rl import align, batching, pack
 from actorjet.ledger import Ledger
-from actorjet.models.openai_api import render_prompt
-from actorjet.models.serve import AppServer
-from actorjet.rewards import bad_reward
+from actorjet.serving.openai_api import render_prompt
+from actorjet.serving.serve import AppServer
 from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
-from actorjet.runtime.tokens import bearer_ok
+from actorjet.signing import bearer_ok
 
 
 TICK_S = 0.2     # re-check the ledger: groups released by a learner, tasks that stalled
@@ -56,40 +53,6 @@ def collect_calls(gateway_url: str, token: str, episode_ids: list[str], release:
         return json.loads(resp.read())
 
 
-def apportion(total: int, weights: dict[str, float]) -> dict[str, int]:
-    """Split ``total`` by ``weights`` into integers (largest remainders): 16 at 3:1 → 12 + 4."""
-    w = sum(weights.values())
-    exact = {k: total * v / w for k, v in weights.items()}
-    out = {k: int(x) for k, x in exact.items()}
-    for k in sorted(exact, key=lambda k: exact[k] - out[k], reverse=True)[:total - sum(out.values())]:
-        out[k] += 1
-    return out
-
-
-def merge_mode(model_cfg: dict) -> str:
-    """``auto`` = the best the model supports: tree packing needs an attention implementation
-    that takes a 4D mask (sdpa, eager); flash-attention models fall back to prefix merging."""
-    mode = model_cfg.get("merge", "auto")
-    if mode != "auto":
-        return mode
-    try:
-        config = json.loads((Path(model_cfg["path"]) / "config.json").read_text())
-    except (OSError, KeyError, json.JSONDecodeError):
-        return "prefix"
-    return "prefix" if "flash" in str(config.get("_attn_implementation", "")) else "tree"
-
-
-def check_call(call: dict) -> None:
-    """A recorded call the learner can train on: token ids, one finite logprob per sampled token."""
-    ids, lps = call.get("completion_ids"), call.get("logprobs")
-    if not isinstance(call.get("prompt_ids"), list) or not isinstance(ids, list) or not isinstance(lps, list):
-        raise ValueError("a call without prompt_ids / completion_ids / logprobs lists")
-    if len(ids) != len(lps):
-        raise ValueError(f"a call with {len(ids)} completion ids but {len(lps)} logprobs")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in lps):
-        raise ValueError("a call with a logprob that is not a finite number")
-
-
 class Merger(ManagedActor):
     def on_init(self) -> None:
         train = self.context["job"]["train"]
@@ -99,7 +62,7 @@ class Merger(ManagedActor):
         self.last_stored: dict[str, float] = {}      # task → when its last group was stored
         self.started = time.time()
         self.trainable = [m["name"] for m in self.context["job"]["models"] if m.get("trainable", True)]
-        self.merge_modes = {m["name"]: merge_mode(m) for m in self.context["job"]["models"]}
+        self.merge_modes = {m["name"]: batching.merge_mode(m) for m in self.context["job"]["models"]}
         self.batch_groups = {m["name"]: m.get("groups_per_step", 0) for m in self.context["job"]["models"]}
         self.tree_max_tokens = 4096
         self.tokenizers: dict = {}
@@ -294,7 +257,7 @@ class Merger(ManagedActor):
         active = {t: v["weight"] for t, v in self.tasks.items() if v.get("state") == "active"}
         if len(active) <= 1:
             return self.ledger.pending(model, size)
-        quota = apportion(size, active)
+        quota = batching.apportion(size, active)
         short = [t for t, q in quota.items() if pending.get(t, (0, 0))[0] < q]
         if short:
             now = time.time()
@@ -316,45 +279,6 @@ class Merger(ManagedActor):
             self.tokenizers[model] = AutoTokenizer.from_pretrained(cfg["path"])
         return self.tokenizers[model]
 
-    def _credit(self, model: str, groups: list[dict]) -> tuple[list, dict]:
-        """Each call gets its episode's group-normalized advantage for this model/role;
-        groups whose rewards do not vary carry no GRPO signal (counted, not trained)."""
-        calls, stats = [], {"groups": len(groups), "episodes": 0, "zero_variance_groups": 0, "rewards": [],
-                            "by_behavior": {}}
-        for group in groups:
-            rewards = group["rewards"]
-            for episode_id, reward in rewards.items():     # stored before rewards were checked at the edge
-                if bad_reward(reward):
-                    raise ValueError(f"episode {episode_id}: {bad_reward(reward)}")
-            for episode_calls in group["calls"].values():
-                for call in episode_calls:
-                    check_call(call)
-            stats["episodes"] += len(rewards)
-            credited = {}
-            for episode_id, episode_calls in group["calls"].items():
-                for call in episode_calls:
-                    r = reward_for(rewards[episode_id], model, call["role"])
-                    if r is not None:
-                        credited.setdefault(episode_id, r)
-            stats["rewards"] += list(credited.values())
-            per_task = stats.setdefault("by_task", {}).setdefault(group["task_name"], {
-                "groups": 0, "episodes": 0, "reward_sum": 0.0})
-            per_task["groups"] += 1
-            per_task["episodes"] += len(credited)
-            per_task["reward_sum"] += sum(credited.values())
-            tag = f"{group['behavior']}@v{group['version']}"
-            by = stats["by_behavior"].setdefault(tag, {"episodes": 0, "reward_sum": 0.0})
-            by["episodes"] += len(credited)
-            by["reward_sum"] += sum(credited.values())
-            if len(credited) >= 2 and len(set(credited.values())) > 1:
-                advantages = group_advantages(credited)
-                for episode_id, episode_calls in group["calls"].items():
-                    if episode_id in advantages:
-                        calls += [(c, advantages[episode_id]) for c in episode_calls]
-            else:
-                stats["zero_variance_groups"] += 1
-        return calls, stats
-
     def _flush(self, model: str, groups: list[dict]) -> None:
         """Build and send one batch; if building fails, find the groups that fail on their own
         and quarantine them (the next compose leaves them out).  A failure no single group
@@ -365,7 +289,7 @@ class Merger(ManagedActor):
             culprits = []
             for group in groups:
                 try:
-                    calls, _ = self._credit(model, [group])
+                    calls, _ = batching.credit(model, [group])
                     pack.pack(calls, self.merge_modes.get(model, "none"), max_tokens=self.tree_max_tokens)
                 except Exception as alone:  # noqa: BLE001 - this group is the poison
                     culprits.append((group, f"{type(alone).__name__}: {alone}"))
@@ -379,7 +303,7 @@ class Merger(ManagedActor):
     def _build_and_send(self, model: str, groups: list[dict]) -> None:
         self.batches += 1
         path = self.out_dir / f"{model}-{self.context.get('head_epoch', 0)}-{self.incarnation}-{self.batches:06d}.pt"
-        calls, batch = self._credit(model, groups)
+        calls, batch = batching.credit(model, groups)
         rewards = batch.pop("rewards")
         batch["by_task"] = {t: {"groups": v["groups"], "episodes": v["episodes"],
                                 "reward_mean": v["reward_sum"] / max(1, v["episodes"])}

@@ -33,12 +33,12 @@ from pathlib import Path
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.models.openai_api import ApiError, error_middleware
-from actorjet.models.serve import AppServer
-from actorjet.rewards import bad_reward
+from actorjet.serving.openai_api import ApiError, error_middleware
+from actorjet.serving.serve import AppServer
+from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
-from actorjet.runtime.tokens import bearer_ok
+from actorjet.signing import bearer_ok
 
 POLL_S = 0.02
 STATUS_MAX_AGE_S = 1.0

@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from actorjet.job import model_config_here
-from actorjet.models.evaluate import eval_spec, greedy_accuracy
-from actorjet.models import exact_attention, threads
-from actorjet.models.grpo import BadBatch, GRPOConfig, grpo_step
+from actorjet.serving.evaluate import eval_spec, greedy_accuracy
+from actorjet.rl import exact_attention
+from actorjet.serving import threads
+from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -74,7 +75,7 @@ class Learner(ManagedActor):
 
     def _load_kwargs(self) -> dict:
         """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
-        attention kernel (models/exact_attention.py)."""
+        attention kernel (rl/exact_attention.py)."""
         kwargs = {"dtype": torch.float32}
         if self.cfg.get("attention") == "exact":
             kwargs["attn_implementation"] = exact_attention.register()

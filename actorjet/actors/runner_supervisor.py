@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from thespian.actors import ActorExitRequest, ChildActorExited, WakeupMessage
 
-from actorjet.runner.runner import AgentRunner
+from actorjet.actors.runner import AgentRunner
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 

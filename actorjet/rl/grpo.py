@@ -1,4 +1,4 @@
-"""GRPO loss and optimizer step on packed samples (see actorjet/context/pack.py).
+"""GRPO loss and optimizer step on packed samples (see actorjet/rl/pack.py).
 
 Loss per sampled token (a *term*):  -min(ratio * A, clip(ratio, 1-ε, 1+ε) * A)
                                      + β * KL(π || π_ref)            (k3 estimator, optional)
