@@ -38,7 +38,8 @@ class Registry(ManagedActor):
         self.restarts: dict = {}
         self.actors: dict[str, dict] = {}          # path → where its current incarnation runs
         self.relinks: dict[str, int] = {}
-        self.desk = EpisodeDesk(self, ctx)
+        self.desk = EpisodeDesk(ctx, self.epoch)
+        self.routes = self.desk.handlers()
         head = ctx.get("head_caps") or {}
         if head.get("node_id"):
             self.table.admit(head, "head", is_head=True)
@@ -81,7 +82,7 @@ class Registry(ManagedActor):
         if node is not None:
             log.warning("node %s lost: %s", node.name, reason)
             self._publish(m.NodeLost(node_id, reason))
-            self.desk.node_lost(node_id)
+            self._send_all(self.desk.node_lost(node_id, self.table.lost_count))
 
     def receiveMsg_Leaving(self, msg: m.Leaving, sender):
         self._lost(msg.node_id, "left (actorjet leave)")
@@ -94,7 +95,7 @@ class Registry(ManagedActor):
                     self.send(node.link, m.Ping())
             for node in self.table.overdue():
                 self._lost(node.node_id, f"no heartbeat for {self.table.node_timeout_s:g} s")
-            self.desk.tick()
+            self._send_all(self.desk.tick())
             self.wakeupAfter(timedelta(seconds=self.heartbeat_s), payload="heartbeat")
 
     def receiveMsg_Pong(self, msg: m.Pong, sender):
@@ -129,7 +130,7 @@ class Registry(ManagedActor):
     # -- subscriptions and status ------------------------------------------------------
     def receiveMsg_Subscribe(self, msg: m.Subscribe, sender):
         if msg.topic == "directory":
-            self.desk.subscribe(sender)
+            self._send_all(self.desk.subscribe(sender))
             return
         if sender not in self.subscribers:
             self.subscribers.append(sender)
@@ -141,7 +142,7 @@ class Registry(ManagedActor):
             self.send(sub, msg)
 
     def receiveMsg_RunnersChanged(self, msg: m.RunnersChanged, sender):
-        self.runners = msg.runners
+        self.runners = self.desk.runners = msg.runners
         placed = {r["id"] for r in msg.runners if r.get("placed")}
         gone = [p for p in self.actors if p.rsplit("/", 1)[-1].startswith("runner-") and p.rsplit("/", 1)[-1] not in placed]
         for path in gone:
@@ -153,12 +154,13 @@ class Registry(ManagedActor):
 
     def receiveMsg_RestartCounts(self, msg: m.RestartCounts, sender):
         self.restarts = dict(msg.counts)
+        self.desk.restarts = self.restarts
 
     def receiveMsg_GetStatus(self, msg: m.GetStatus, sender):
         now = time.time()
         runners = [{"id": r["id"], "node_id": r.get("node_id"), "state": self.desk.runner_state(r, now),
-                    "behaviors": dict(self.desk.runner_versions.get(r["id"], {})),   # task → version it runs
-                    "completed": self.desk.leases.completed_by_runner.get(r["id"], 0)}
+                    "behaviors": dict(self.desk.upgrades.runner_versions.get(r["id"], {})),   # task → version
+                    "completed": self.desk.counters.completed_by_runner.get(r["id"], 0)}
                    for r in self.runners]
         actors = [{**a, "up_s": round(now - a["since"]), "restarts": self.restarts.get(path, 0)}
                   for path, a in sorted(self.actors.items())]
@@ -176,7 +178,14 @@ class Registry(ManagedActor):
         data.update(self.desk.status())
         self.send(sender, m.Status(data))
 
-    # -- episodes: delegated to the desk ------------------------------------------------
+    # -- episodes: the desk decides, this actor sends -----------------------------------
     def receiveUnrecognizedMessage(self, msg, sender):
-        if not self.desk.handle(msg, sender):
+        handler = self.routes.get(type(msg))
+        if handler is None:
             super().receiveUnrecognizedMessage(msg, sender)
+            return
+        self._send_all(handler(msg, sender))
+
+    def _send_all(self, out: list) -> None:
+        for to, msg in out:
+            self.send(to, msg)

@@ -1,6 +1,11 @@
 """Episode bookkeeping inside the registry: the service directory, task sources and their
 behaviors, learner progress, client-mode episodes and status.  Groups and leases (issue,
 retry, re-queue, finish) are in leases.py; upgrades and rollbacks in upgrades.py.
+
+A plain state object, like the desks it holds: ``handlers()`` maps each message type to a
+method that takes the message and its sender and returns the messages to send, as
+(address, message) pairs; the registry actor sends them.  No actor, no back-pointer: what
+it must know of the registry (placed runners, restart counts) is handed to it.
 """
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from actorjet import metrics
 from actorjet.rl.rewards import bad_reward
 from actorjet import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
-from actorjet.registry.leases import LeaseDesk
+from actorjet.registry.counters import Counters
+from actorjet.registry.leases import LeaseDesk, Out, close
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
 from actorjet.tensorboard_events import EventWriter
@@ -61,8 +67,7 @@ class TaskSource:
 
 
 class EpisodeDesk:
-    def __init__(self, registry, context: dict):
-        self.registry = registry
+    def __init__(self, context: dict, epoch: int = 1):
         self.job = context.get("job") or {}
         self.token = context.get("token", "")
         self.run_dir = context.get("run_dir")
@@ -71,10 +76,13 @@ class EpisodeDesk:
         self.sources = [TaskSource(t, train.get("seed", 0), self.token, self.store)
                         for t in self.job.get("tasks", [])]
         self.removed: dict[str, TaskSource] = {}
-        self.leases = LeaseDesk(self, train)
-        self.upgrades = UpgradeDesk(self)
+        self.counters = Counters()
+        self.leases = LeaseDesk(train, self.token, epoch, self.counters)
+        self.upgrades = UpgradeDesk(self.token, self.store, self.sources)
+        self.runners: list[dict] = []                # the runner supervisor's last report
+        self.restarts: dict[str, int] = {}           # restarts per child path (for the metrics' swarm lines)
+        self.nodes_lost = 0
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
-        self.runner_versions: dict[str, dict] = {}
         self.runner_asked: dict[str, tuple[float, str]] = {}     # runner id → (last request, why no work)
         self.recent: dict[str, deque] = {}                         # model → its last train lines
         self.accuracy: dict[str, dict[str, float]] = {}            # model → task → last held-out accuracy
@@ -83,8 +91,6 @@ class EpisodeDesk:
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
         self.tb = EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
         self.batch_groups = int(train.get("groups_per_step", 1))
-        self.quarantined = 0                        # groups the merger took out of training, for good
-        self.quarantine_causes: dict[str, int] = {}
         self.subscribers: list = []
         self.client_groups: dict[str, list] = {}     # client-mode group → ended episodes
         self.client_open: dict[str, dict] = {}
@@ -93,37 +99,61 @@ class EpisodeDesk:
         self.finished = False
 
     # -- dispatch -----------------------------------------------------------------------
-    def handle(self, msg, sender) -> bool:
-        handler = getattr(self, f"on_{type(msg).__name__}", None) or \
-            getattr(self.upgrades, f"on_{type(msg).__name__}", None)
-        if handler is None:
-            return False
-        handler(msg, sender)
-        return True
+    def handlers(self) -> dict:
+        """Message type → handler(msg, sender) → [(address, message)]."""
+        u = self.upgrades
+        return {
+            m.ServiceUp: self.on_ServiceUp, m.TaskCommand: self.on_TaskCommand,
+            m.LeaseRequest: self.on_LeaseRequest, m.GroupResult: self.on_GroupResult,
+            m.GroupStored: self.on_GroupStored, m.RunnerDown: self.on_RunnerDown,
+            m.LedgerCounts: self.on_LedgerCounts, m.Progress: self.on_Progress, m.Metric: self.on_Metric,
+            m.Trained: self.on_Trained, m.Quarantined: self.on_Quarantined, m.ClientEvent: self.on_ClientEvent,
+            m.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
+            m.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
+            m.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
+            m.BehaviorLoaded: lambda msg, sender: u.behavior_loaded(msg),
+        }
+
+    def route(self, out: Out) -> Out:
+        """Address the roles the lease desk speaks to: ``gateways`` (each of them), ``merger``.
+        A group for a merger that is not up yet stays unacknowledged: it is sent again when
+        the merger announces itself."""
+        routed: Out = []
+        for to, msg in out:
+            if to == "gateways":
+                routed += [(s["gateway"]["address"], msg) for s in self.services.values()
+                           if s.get("gateway", {}).get("address") is not None]
+            elif to == "merger":
+                merger = self.services.get("", {}).get("merger")
+                if merger is not None:
+                    routed.append((merger["address"], msg))
+            else:
+                routed.append((to, msg))
+        return routed
 
     # -- directory ----------------------------------------------------------------------
-    def on_ServiceUp(self, msg: m.ServiceUp, sender):
+    def on_ServiceUp(self, msg: m.ServiceUp, sender) -> Out:
         self.services.setdefault(msg.model, {})[msg.kind] = {"url": msg.url, "address": msg.address}
         if msg.kind == "learner":
             self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
-        self._publish()
+        out = self._publish()
         if msg.kind == "merger":
-            self.leases.merger_up()        # a restarted merger gets every unacknowledged group
+            out += self.route(self.leases.merger_up())     # a restarted merger gets every unacknowledged group
+        return out
 
-    def subscribe(self, sender) -> None:
+    def subscribe(self, sender) -> Out:
         if sender not in self.subscribers:
             self.subscribers.append(sender)
-        self.registry.send(sender, m.Directory(self.services, self.task_table()))
+        return [(sender, m.Directory(self.services, self.task_table()))]
 
-    def _publish(self) -> None:
-        for sub in self.subscribers:
-            self.registry.send(sub, m.Directory(self.services, self.task_table()))
+    def _publish(self) -> Out:
+        return [(sub, m.Directory(self.services, self.task_table())) for sub in self.subscribers]
 
     def task_table(self) -> dict:
         return {s.name: {"weight": s.weight, "state": s.state, "issued": s.issued} for s in self.sources}
 
     # -- cocktail: tasks added, paused, resumed, removed while training runs ---------------
-    def on_TaskCommand(self, msg: m.TaskCommand, sender):
+    def on_TaskCommand(self, msg: m.TaskCommand, sender) -> Out:
         source = self.source(msg.name)
         error = ""
         if msg.action == "add":
@@ -147,9 +177,8 @@ class EpisodeDesk:
             self.removed[source.name] = source
         else:
             error = f"unknown action {msg.action!r}"
-        if not error:
-            self._publish()
-        self.registry.send(sender, m.TaskReply(not error, error, self.task_table()))
+        out = [] if error else self._publish()
+        return out + [(sender, m.TaskReply(not error, error, self.task_table()))]
 
     def gateway_urls(self) -> dict[str, str]:
         return {name: s["gateway"]["url"] for name, s in self.services.items() if "gateway" in s}
@@ -157,39 +186,38 @@ class EpisodeDesk:
     def source(self, name) -> TaskSource | None:
         return next((s for s in self.sources if s.name == name), None)
 
-    def live_runners(self, with_address: bool = True) -> list[str]:
-        """Placed runners (as the runner supervisor last reported), optionally only those
-        whose address we know from a lease request."""
-        placed = [r["id"] for r in self.registry.runners if r.get("placed")]
-        return [r for r in placed if r in self.runner_addr] if with_address else placed
+    def placed_runners(self) -> list[str]:
+        """Placed runners, as the runner supervisor last reported."""
+        return [r["id"] for r in self.runners if r.get("placed")]
+
+    def live_runner_addresses(self) -> dict[str, object]:
+        """Placed runners whose address we know from a lease request: id → address."""
+        return {r: self.runner_addr[r] for r in self.placed_runners() if r in self.runner_addr}
 
     # -- leases (leases.py) -----------------------------------------------------------------
-    def on_LeaseRequest(self, msg: m.LeaseRequest, sender):
+    def on_LeaseRequest(self, msg: m.LeaseRequest, sender) -> Out:
         urls = self.gateway_urls()
         self.runner_addr[msg.runner_id] = sender
-        self.runner_versions[msg.runner_id] = dict(msg.behaviors)
+        self.upgrades.runner_versions[msg.runner_id] = dict(msg.behaviors)
         if self.finished:
-            self._no_work(msg, sender, 2.0, "training finished")
-            return
+            return self._no_work(msg, sender, 2.0, "training finished")
         if not self.sources or not urls or not self.models:
-            self._no_work(msg, sender, 0.2, "models not ready")
-            return
-        leases = self.leases.lease(msg.runner_id, msg.max_groups, self._consumed(), urls,
+            return self._no_work(msg, sender, 0.2, "models not ready")
+        leases = self.leases.lease(self.sources, msg.runner_id, msg.max_groups, self._consumed(), urls,
                                    msg.per_task, dict(msg.busy))
         if not leases:
-            self._no_work(msg, sender, 0.05, "waiting for the learner (staleness bound)")
-            return
+            return self._no_work(msg, sender, 0.05, "waiting for the learner (staleness bound)")
         self.runner_asked[msg.runner_id] = (time.time(), "")
         payloads = {}
         for lease in leases:
             if msg.behaviors.get(lease["behavior"]) != lease["version"]:
                 source = self.source(lease["behavior"]) or self.removed[lease["behavior"]]   # removed: retries finish
                 payloads[lease["behavior"]] = source.payload_for(lease["version"], self.store)
-        self.registry.send(sender, m.Leases(leases, payloads, msg.tag))
+        return [(sender, m.Leases(leases, payloads, msg.tag))]
 
-    def _no_work(self, msg: m.LeaseRequest, sender, retry_s: float, reason: str) -> None:
+    def _no_work(self, msg: m.LeaseRequest, sender, retry_s: float, reason: str) -> Out:
         self.runner_asked[msg.runner_id] = (time.time(), reason)
-        self.registry.send(sender, m.NoWork(retry_s, reason, msg.tag))
+        return [(sender, m.NoWork(retry_s, reason, msg.tag))]
 
     def runner_state(self, row: dict, now: float) -> str:
         """What a runner is doing, from what the registry sees of it: its leases, and how its
@@ -213,34 +241,36 @@ class EpisodeDesk:
         return {t: min((v.get("consumed_by_task", {}).get(t, 0) for v in self.models.values()), default=0)
                 for t in names}
 
-    def on_GroupResult(self, msg: m.GroupResult, sender):
-        self.leases.on_result(msg)
+    def on_GroupResult(self, msg: m.GroupResult, sender) -> Out:
+        return self.route(self.leases.on_result(msg))
 
-    def on_GroupStored(self, msg: m.GroupStored, sender):
+    def on_GroupStored(self, msg: m.GroupStored, sender) -> Out:
         for group_id in msg.group_ids:
             self.leases.on_stored(group_id)
+        return []
 
-    def on_RunnerDown(self, msg: m.RunnerDown, sender):
-        self.leases.lost({msg.runner_id}, "runner died")
+    def on_RunnerDown(self, msg: m.RunnerDown, sender) -> Out:
+        return self.route(self.leases.lost({msg.runner_id}, "runner died"))
 
-    def node_lost(self, node_id: str) -> None:
-        runners = {r["id"] for r in self.registry.runners if r.get("node_id") == node_id}
-        self.leases.lost(runners, "node lost")
+    def node_lost(self, node_id: str, lost_so_far: int) -> Out:
+        self.nodes_lost = lost_so_far
+        runners = {r["id"] for r in self.runners if r.get("node_id") == node_id}
+        return self.route(self.leases.lost(runners, "node lost"))
 
-    def tick(self) -> None:
-        self.upgrades.tick()
-        self.leases.tick()
-        self._expire_client_episodes()
-        self._watch()
+    def tick(self) -> Out:
+        return (self.upgrades.tick() + self.route(self.leases.tick()) + self._expire_client_episodes()
+                + self._watch())
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
-    def on_LedgerCounts(self, msg: m.LedgerCounts, sender):
+    def on_LedgerCounts(self, msg: m.LedgerCounts, sender) -> Out:
         self.ledger_counts = dict(msg.counts)
+        return []
 
-    def on_Progress(self, msg: m.Progress, sender):
+    def on_Progress(self, msg: m.Progress, sender) -> Out:
         self.watchdog.progress(f"{msg.model}/{msg.kind}", msg.count, msg.waiting, sender, time.time())
+        return []
 
-    def _watch(self) -> None:
+    def _watch(self) -> Out:
         """Learners report progress through Trained; their work is the finished groups they
         have not consumed.  Anything stalled is crashed on purpose: its supervisor restarts it."""
         now = time.time()
@@ -250,12 +280,14 @@ class EpisodeDesk:
             if learner is None or self.finished:
                 self.watchdog.forget(f"{model}/learner")
                 continue
-            backlog = self.leases.counts["groups_finished"] - info["consumed"] - self.quarantined
+            backlog = self.counters.groups_finished - info["consumed"] - self.counters.groups_quarantined
             self.watchdog.progress(f"{model}/learner", info["learner_step"], int(backlog >= size),
                                    learner["address"], now)
+        out: Out = []
         for who, address, reason in self.watchdog.check(now):
             log.error("watchdog: %s %s; restarting it", who, reason)
-            self.registry.send(address, m.Crash(f"watchdog: {reason}"))
+            out.append((address, m.Crash(f"watchdog: {reason}")))
+        return out
 
     def watchdog_line(self) -> str:
         """One line for operators: what the swarm is doing, or what is wrong with it."""
@@ -265,28 +297,27 @@ class EpisodeDesk:
         if self.finished:
             steps = [info["learner_step"] for info in self.models.values()]
             return f"training finished at step {max(steps, default=0)}"
-        if not any(r.get("placed") for r in self.registry.runners) and not self.runner_addr:
+        if not self.placed_runners() and not self.runner_addr:
             return "waiting for runners (join a node, or start the head with --slots)"
         return "training"
 
-    def _expire_client_episodes(self) -> None:
+    def _expire_client_episodes(self) -> Out:
         """A client-mode episode not ended within lease_timeout_s (its user crashed or forgot
         it) is aborted and closed: its key stops working and its calls are freed."""
         deadline = time.time() - self.leases.lease_timeout
         expired = [e for e, ev in self.client_open.items() if ev["opened_at"] < deadline]
         for episode_id in expired:
             del self.client_open[episode_id]
-            self.leases.counts["in_flight"] -= 1
-            self.leases.counts["aborted"] += 1
-            self.leases.abort_causes["client expired"] = self.leases.abort_causes.get("client expired", 0) + 1
-        self.close_episodes(expired)
+            self.counters.in_flight -= 1
+            self.counters.abort("client expired")
+        return self.route(close(expired))
 
     # -- learners -----------------------------------------------------------------------
-    def on_Metric(self, msg: m.Metric, sender):
+    def on_Metric(self, msg: m.Metric, sender) -> Out:
         """The run's metrics.jsonl lives on the head, whichever node the learner runs on.  The
         last steps are also kept for status (`actorjet top` draws from them)."""
         if not isinstance(msg.record, dict):
-            return
+            return []
         self._record(msg.record)
         model = str(msg.record.get("model", ""))
         if msg.record.get("kind") == "train":
@@ -294,8 +325,9 @@ class EpisodeDesk:
                 {k: msg.record.get(k) for k in RECENT_KEYS if k in msg.record})
         elif msg.record.get("kind") == "eval":
             self.accuracy.setdefault(model, {})[str(msg.record.get("task", ""))] = msg.record.get("accuracy")
+        return []
 
-    def on_Trained(self, msg: m.Trained, sender):
+    def on_Trained(self, msg: m.Trained, sender) -> Out:
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)
         info["consumed"] += msg.groups
@@ -305,8 +337,8 @@ class EpisodeDesk:
         if msg.done:
             self.finished = True
         self._record({"kind": "swarm", "model": msg.model, "step": msg.step,    # the swarm's fault counters
-                      **self.status_counts(), "restarts": dict(self.registry.restarts),
-                      "nodes_lost": self.registry.table.lost_count})
+                      **self.status_counts(), "restarts": dict(self.restarts), "nodes_lost": self.nodes_lost})
+        return []
 
     def _record(self, record: dict) -> None:
         """A metrics line: metrics.jsonl on the head, and TensorBoard when asked for."""
@@ -318,69 +350,56 @@ class EpisodeDesk:
             self.tb.write(record)
 
     # -- client mode ----------------------------------------------------------------------
-    def on_Quarantined(self, msg: m.Quarantined, sender):
-        self.quarantined += 1
-        key = msg.cause.split(":")[0][:80]
-        self.quarantine_causes[key] = self.quarantine_causes.get(key, 0) + 1
+    def on_Quarantined(self, msg: m.Quarantined, sender) -> Out:
+        self.counters.quarantine(msg.cause)
+        return []
 
-    def close_episodes(self, episode_ids: list[str]) -> None:
-        """Episodes that will never be trained: every gateway refuses their keys and frees
-        their calls (records of a failed episode would otherwise stay in memory for good)."""
-        if not episode_ids:
-            return
-        for services in self.services.values():
-            gateway = services.get("gateway")
-            if gateway is not None and gateway.get("address") is not None:
-                self.registry.send(gateway["address"], m.CloseEpisodes(list(episode_ids)))
-
-    def on_ClientEvent(self, msg: m.ClientEvent, sender):
-        ev, counts = msg.event, self.leases.counts
+    def on_ClientEvent(self, msg: m.ClientEvent, sender) -> Out:
+        ev = msg.event
         if ev["event"] == "open":
             self.client_open[ev["episode_id"]] = dict(ev, opened_at=time.time())
-            counts["in_flight"] += 1
-            return
+            self.counters.in_flight += 1
+            return []
         opened = self.client_open.pop(ev["episode_id"], None)
         if opened is None:
-            return
-        counts["in_flight"] -= 1
+            return []
+        self.counters.in_flight -= 1
         why = "client abort" if ev["event"] == "abort" else bad_reward(ev.get("reward"))
         if why:           # (the gateway refused bad rewards already; this is the inner check)
-            counts["aborted"] += 1
-            key = why.split(":")[0]
-            self.leases.abort_causes[key] = self.leases.abort_causes.get(key, 0) + 1
-            self.close_episodes([ev["episode_id"]])
-            return
-        counts["completed"] += 1
+            self.counters.abort(why)
+            return self.route(close([ev["episode_id"]]))
+        self.counters.completed += 1
         group_key = opened.get("group") or ev["episode_id"]
         size = int(opened.get("group_size") or 1)
         members = self.client_groups.setdefault(group_key, [])
         members.append({"episode_id": ev["episode_id"], "reward": ev["reward"]})
-        if len(members) >= size:
-            del self.client_groups[group_key]
-            self.leases.issued += 1
-            self.leases.finish_external({"group_id": f"c_{group_key}", "task_name": "client", "behavior": "client",
-                                         "version": 0, "episodes": members})
+        if len(members) < size:
+            return []
+        del self.client_groups[group_key]
+        self.counters.groups_issued += 1
+        return self.route(self.leases.finish_external({"group_id": f"c_{group_key}", "task_name": "client",
+                                                       "behavior": "client", "version": 0, "episodes": members}))
 
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:
-        counts = self.leases.counts
-        episodes = {k: counts[k] for k in ("completed", "aborted", "in_flight", "requeued")}
-        episodes["trained"] = max((c.get("episodes_trained", 0) for c in self.ledger_counts.values()), default=0)
-        return {"episodes": episodes, "aborted_by_cause": dict(self.leases.abort_causes),
-                "tasks": {name: {**t, "completed": self.leases.completed_by_task.get(name, 0),
-                                 "aborted_by_cause": dict(self.leases.abort_by_task.get(name, {}))}
+        c = self.counters
+        episodes = c.episodes()
+        episodes["trained"] = max((n.get("episodes_trained", 0) for n in self.ledger_counts.values()), default=0)
+        return {"episodes": episodes, "aborted_by_cause": dict(c.abort_causes),
+                "tasks": {name: {**t, "completed": c.completed_by_task.get(name, 0),
+                                 "aborted_by_cause": dict(c.abort_by_task.get(name, {}))}
                           for name, t in self.task_table().items()},
-                "groups": {"finished": counts["groups_finished"], "dropped": counts["groups_dropped"],
-                           "quarantined": self.quarantined, "quarantined_by_cause": dict(self.quarantine_causes),
-                           "dropped_by_cause": dict(self.leases.drop_causes),
-                           "late_results_rejected": counts["late_results"], **self.leases.status()}}
+                "groups": {"finished": c.groups_finished, "dropped": c.groups_dropped,
+                           "quarantined": c.groups_quarantined, "quarantined_by_cause": dict(c.quarantine_causes),
+                           "dropped_by_cause": dict(c.drop_causes),
+                           "late_results_rejected": c.late_results, **self.leases.status()}}
 
     def status(self) -> dict:
         return {**self.status_counts(),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
                             "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, []))}
                            for k, v in sorted(self.models.items())],
-                "behaviors": self.upgrades.status(), "upgrades": self.upgrades.push_report(),
+                "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
                 "training_finished": self.finished, "watchdog": self.watchdog_line(),
                 **self.watchdog.status(time.time()),
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}

@@ -12,6 +12,10 @@ message, far below thespian's budget), and it is only ever trained whole:
                                GroupStored (committed to the ledger); a restarted merger gets
                                every unacknowledged group again
 
+A plain state object: no actor, no back-pointer.  Each call returns the messages to send, as
+(role, message) pairs — ``"gateways"`` (every gateway) or ``"merger"`` — which the episode
+desk addresses; the counts go to the registry's one Counters object.
+
 New groups are only issued while fewer than ``groups_per_step * (max_staleness + 1)`` are
 untrained: that window bounds how stale a sample can be when the learner sees it.
 """
@@ -21,49 +25,44 @@ import time
 from collections import deque
 
 from actorjet import signing
+from actorjet.registry.counters import Counters
 from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.logs import log
 
+Out = list[tuple[object, object]]    # (address or role, message)
+
 GRACE_S = 2.0      # the runner gives up on an episode at its timeout; the registry a little later
 
 
+def close(episode_ids: list[str]) -> Out:
+    """Episodes that will never be trained: every gateway refuses their keys and frees their calls."""
+    return [("gateways", m.CloseEpisodes(list(episode_ids)))] if episode_ids else []
+
+
 class LeaseDesk:
-    def __init__(self, desk, train: dict):
-        self.desk = desk
+    def __init__(self, train: dict, token: str, epoch: int, counters: Counters):
+        self.token, self.epoch, self.counters = token, epoch, counters
         self.group_size = train.get("group_size", 8)
         self.window = train.get("groups_per_step", 32) * (train.get("max_staleness", 1) + 1)
         self.lease_timeout = float(train.get("lease_timeout_s", 120.0))
         self.max_retries = int(train.get("episode_retries", 2))
         self.groups: dict[str, dict] = {}       # open groups
         self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, deadline}
-        self.completed_by_runner: dict[str, int] = {}   # episodes each runner finished with a reward
         self.retry: deque = deque()             # (group id, members) waiting for a runner
         self.finishing: dict[str, dict] = {}    # sent to the merger, not yet acknowledged
         self.serial = 0
-        self.issued = self.dropped = 0
-        self.counts = {"completed": 0, "aborted": 0, "in_flight": 0, "requeued": 0, "late_results": 0,
-                       "groups_finished": 0, "groups_dropped": 0}
-        self.abort_causes: dict[str, int] = {}
-        self.drop_causes: dict[str, int] = {}
-        self.abort_by_task: dict[str, dict] = {}
-        self.dropped_by_task: dict[str, int] = {}
-        self.completed_by_task: dict[str, int] = {}
 
-    @property
-    def registry(self):
-        return self.desk.registry
-
-    def room(self, source, consumed: dict[str, int]) -> int:
+    def room(self, source, consumed: dict[str, int], sources: list) -> int:
         """A task's room in the pipeline: its own share of the window (the heaviest task gets
         the whole window), so a task whose groups stall cannot take the room of the others."""
-        heaviest = max(s.weight for s in self.desk.sources)
+        heaviest = max(s.weight for s in sources)
         window = max(1, round(self.window * source.weight / heaviest))
-        outstanding = source.issued - consumed.get(source.name, 0) - self.dropped_by_task.get(source.name, 0)
+        outstanding = source.issued - consumed.get(source.name, 0) - self.counters.dropped_by_task.get(source.name, 0)
         return window - outstanding
 
     # -- issuing --------------------------------------------------------------------------
-    def lease(self, runner_id: str, max_groups: int, consumed: dict[str, int], urls: dict,
+    def lease(self, sources: list, runner_id: str, max_groups: int, consumed: dict[str, int], urls: dict,
               per_task: int = 0, busy: dict | None = None) -> list[dict]:
         """Retries first (they complete groups already in the pipeline), then new groups.
         ``per_task``: the runner isolates tasks and takes at most that many groups of each."""
@@ -82,24 +81,24 @@ class LeaseDesk:
             out.append(self._lease(group, members, runner_id, urls))
         self.retry.extendleft(reversed(kept))
         while len(out) < max_groups:
-            source = self._next_source(consumed, fits)
+            source = self._next_source(sources, consumed, fits)
             if source is None:
                 break
             busy[source.name] = busy.get(source.name, 0) + 1
             source.issued += 1
-            self.issued += 1
-            group_id = f"g{self.registry.epoch}_{self.issued}"
+            self.counters.groups_issued += 1
+            group_id = f"g{self.epoch}_{self.counters.groups_issued}"
             group = {"group_id": group_id, "source": source.name, "task": next(source.tasks),
                      "behavior": source.behavior, "version": source.version, "results": {}, "attempts": 0}
             self.groups[group_id] = group
             out.append(self._lease(group, list(range(self.group_size)), runner_id, urls))
         return out
 
-    def _next_source(self, consumed: dict[str, int], fits=lambda task: True):
+    def _next_source(self, sources: list, consumed: dict[str, int], fits=lambda task: True):
         """The active task with room furthest behind its weight's share of the groups issued
         (a deficit round robin: over any stretch, shares follow the weights within one group)."""
-        active = [s for s in self.desk.sources
-                  if s.state == "active" and self.room(s, consumed) > 0 and fits(s.name)]
+        active = [s for s in sources
+                  if s.state == "active" and self.room(s, consumed, sources) > 0 and fits(s.name)]
         if not active:
             return None
         total_w = sum(s.weight for s in active)
@@ -113,26 +112,26 @@ class LeaseDesk:
         episodes = []
         for k in members:
             episode_id = f"{group['group_id']}.{k}{suffix}"
-            episodes.append({"episode_id": episode_id, "api_key": signing.mint_key(self.desk.token, episode_id)})
+            episodes.append({"episode_id": episode_id, "api_key": signing.mint_key(self.token, episode_id)})
         self.leases[lease_id] = {"group_id": group["group_id"], "members": list(members), "episodes": episodes,
                                  "runner_id": runner_id, "deadline": time.time() + self.lease_timeout + GRACE_S}
-        self.counts["in_flight"] += len(members)
+        self.counters.in_flight += len(members)
         return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
                 "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
                 "episodes": episodes, "timeout_s": self.lease_timeout}
 
     # -- results --------------------------------------------------------------------------
-    def on_result(self, msg: m.GroupResult) -> None:
+    def on_result(self, msg: m.GroupResult) -> Out:
         lease = self.leases.pop(msg.lease_id, None)
         if lease is None:
-            self.counts["late_results"] += 1
+            self.counters.late_results += 1
             log.warning("late result for lease %s (expired, or its runner was declared dead): rejected",
                         msg.lease_id)
-            return
-        self.counts["in_flight"] -= len(lease["members"])
+            return []
+        self.counters.in_flight -= len(lease["members"])
         group = self.groups.get(lease["group_id"])
         if group is None:
-            return
+            return []
         by_id = {r["episode_id"]: r for r in msg.results if isinstance(r, dict)}
         failed, cause, closed = [], "", []
         for k, episode in zip(lease["members"], lease["episodes"]):
@@ -144,89 +143,82 @@ class LeaseDesk:
                 cause = _cause(why)
             else:
                 group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
-        self.desk.close_episodes(closed)
+        out = close(closed)
         done = len(lease["members"]) - len(failed)
-        self.completed_by_runner[lease["runner_id"]] = self.completed_by_runner.get(lease["runner_id"], 0) + done
+        runner = lease["runner_id"]
+        self.counters.completed_by_runner[runner] = self.counters.completed_by_runner.get(runner, 0) + done
         if failed:
-            self._failed(group, failed, cause[:120], retry=not cause.startswith("upgrade abort"))
+            out += self._failed(group, failed, cause[:120], retry=not cause.startswith("upgrade abort"))
         if group["group_id"] in self.groups and len(group["results"]) == self.group_size:
-            self._finish(group)
+            out += self._finish(group)
+        return out
 
-    def _failed(self, group: dict, members: list[int], cause: str, retry: bool = True) -> None:
-        key = cause.split(":")[0]
-        self.counts["aborted"] += len(members)
-        self.abort_causes[key] = self.abort_causes.get(key, 0) + len(members)
-        by_task = self.abort_by_task.setdefault(group["source"], {})
-        by_task[key] = by_task.get(key, 0) + len(members)
+    def _failed(self, group: dict, members: list[int], cause: str, retry: bool = True) -> Out:
+        self.counters.abort(cause, len(members), task=group["source"])
         if retry and group["attempts"] < self.max_retries:
             group["attempts"] += 1
-            self.counts["requeued"] += len(members)
+            self.counters.requeued += len(members)
             self.retry.append((group["group_id"], members))
-            return
+            return []
         self.groups.pop(group["group_id"], None)
         closed = [r["episode_id"] for r in group["results"].values()]   # finished, but never trained now
         for lease_id, lease in list(self.leases.items()):     # its other members are pointless now
             if lease["group_id"] == group["group_id"]:
                 del self.leases[lease_id]
-                self.counts["in_flight"] -= len(lease["members"])
+                self.counters.in_flight -= len(lease["members"])
                 closed += [e["episode_id"] for e in lease["episodes"]]
-        self.desk.close_episodes(closed)
-        self.dropped += 1
-        self.dropped_by_task[group["source"]] = self.dropped_by_task.get(group["source"], 0) + 1
-        self.counts["groups_dropped"] += 1
-        self.drop_causes[key] = self.drop_causes.get(key, 0) + 1
+        self.counters.drop(group["source"], cause)
         log.warning("group %s dropped whole: %s", group["group_id"], cause)
+        return close(closed)
 
-    def _finish(self, group: dict) -> None:
+    def _finish(self, group: dict) -> Out:
         done = {"group_id": group["group_id"], "task_name": group["source"], "behavior": group["behavior"],
                 "version": group["version"], "episodes": [group["results"][k] for k in range(self.group_size)]}
         self.groups.pop(group["group_id"], None)
-        self.counts["completed"] += self.group_size
-        self.completed_by_task[group["source"]] = self.completed_by_task.get(group["source"], 0) + self.group_size
-        self.finish_external(done)
+        self.counters.complete(group["source"], self.group_size)
+        return self.finish_external(done)
 
-    def finish_external(self, done: dict) -> None:
+    def finish_external(self, done: dict) -> Out:
         """A finished group (also client-mode ones) goes to the merger until acknowledged."""
-        self.counts["groups_finished"] += 1
+        self.counters.groups_finished += 1
         self.finishing[done["group_id"]] = done
-        self._send(done)
-
-    def _send(self, done: dict) -> None:
-        merger = self.desk.services.get("", {}).get("merger")
-        if merger is not None:
-            self.registry.send(merger["address"], m.GroupDone(done))
+        return [("merger", m.GroupDone(done))]
 
     def on_stored(self, group_id: str) -> None:
         self.finishing.pop(group_id, None)
 
-    def merger_up(self) -> None:
-        for done in self.finishing.values():
-            self._send(done)
+    def merger_up(self) -> Out:
+        """A (re)started merger gets every group it has not acknowledged."""
+        return [("merger", m.GroupDone(done)) for done in self.finishing.values()]
 
     # -- failures of runners, nodes and time ---------------------------------------------
-    def lost(self, runner_ids: set[str], cause: str) -> None:
+    def lost(self, runner_ids: set[str], cause: str) -> Out:
+        out: Out = []
         for lease_id, lease in list(self.leases.items()):
             if lease["runner_id"] in runner_ids:
-                self._expire(lease_id, cause)
+                out += self._expire(lease_id, cause)
+        return out
 
-    def tick(self) -> None:
-        now = time.time()
+    def tick(self) -> Out:
+        now, out = time.time(), []
         for lease_id, lease in list(self.leases.items()):
             if lease["deadline"] < now:
-                self._expire(lease_id, "lease expired")
+                out += self._expire(lease_id, "lease expired")
+        return out
 
-    def _expire(self, lease_id: str, cause: str) -> None:
+    def _expire(self, lease_id: str, cause: str) -> Out:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
-            return
-        self.counts["in_flight"] -= len(lease["members"])
-        self.desk.close_episodes([e["episode_id"] for e in lease["episodes"]])
+            return []
+        self.counters.in_flight -= len(lease["members"])
+        out = close([e["episode_id"] for e in lease["episodes"]])
         group = self.groups.get(lease["group_id"])
         if group is not None:
-            self._failed(group, lease["members"], cause)
+            out += self._failed(group, lease["members"], cause)
+        return out
 
     def status(self) -> dict:
-        return {"issued": self.issued, "leases_open": len(self.leases), "groups_open": len(self.groups),
+        return {"issued": self.counters.groups_issued, "leases_open": len(self.leases), "groups_open": len(self.groups),
                 "groups_unacknowledged": len(self.finishing), "retry_queue": len(self.retry)}
 
 

@@ -1,0 +1,141 @@
+"""The registry's desks as plain state objects: each test drives a real EpisodeDesk with the
+messages the actors send, and checks the messages it answers with (addresses are plain
+strings here: a desk only passes them on).  Nothing finished is lost, no group is trained in
+part, nothing is counted twice, and upgrades reach every live runner."""
+import time
+
+from actorjet import behaviors
+from actorjet.registry.episodes import EpisodeDesk
+from actorjet.runtime import messages as m
+
+TOKEN = "k"
+
+
+def make_desk(group_size=2, retries=1, timeout=60.0) -> EpisodeDesk:
+    job = {"train": {"group_size": group_size, "groups_per_step": 2, "max_staleness": 1,
+                     "lease_timeout_s": timeout, "episode_retries": retries, "seed": 0},
+           "tasks": [{"name": "t", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior",
+                      "weight": 1.0}]}
+    desk = EpisodeDesk({"job": job, "token": TOKEN, "run_dir": None}, epoch=1)
+    for model, kind, address in (("policy", "gateway", "gw"), ("policy", "learner", "learner"),
+                                 ("", "merger", "merger")):
+        desk.on_ServiceUp(m.ServiceUp(model, kind, f"http://{address}", address), None)
+    desk.runners = [{"id": "r", "placed": True}, {"id": "r2", "placed": True}]
+    return desk
+
+
+def lease(desk, runner="r") -> dict:
+    (out,) = desk.on_LeaseRequest(m.LeaseRequest(runner, 1, {"t": 1}), f"addr-{runner}")
+    to, msg = out
+    assert to == f"addr-{runner}" and isinstance(msg, m.Leases), msg
+    (one,) = msg.leases
+    return one
+
+
+def result(lease, ok=lambda k: True, reward=1.0) -> m.GroupResult:
+    return m.GroupResult("r", lease["lease_id"], [
+        {"episode_id": e["episode_id"], "reward": reward} if ok(k) else
+        {"episode_id": e["episode_id"], "reward": None, "error": "ValueError: env crashed"}
+        for k, e in enumerate(lease["episodes"])])
+
+
+def sent(out, kind, to=None) -> list:
+    return [msg for addr, msg in out if isinstance(msg, kind) and (to is None or addr == to)]
+
+
+def closed(out) -> list[str]:
+    return [e for msg in sent(out, m.CloseEpisodes, to="gw") for e in msg.episode_ids]
+
+
+def test_a_failed_member_is_run_again_and_the_group_is_only_sent_whole():
+    desk = make_desk()
+    first = lease(desk)
+    out = desk.on_GroupResult(result(first, ok=lambda k: k == 0), "r")
+    assert sent(out, m.GroupDone) == [] and closed(out) == [first["episodes"][1]["episode_id"]]
+    retry = lease(desk, "r2")
+    assert retry["group_id"] == first["group_id"] and [e["episode_id"] for e in retry["episodes"]] == ["g1_1.1r1"]
+    (done,) = sent(desk.on_GroupResult(result(retry), "r2"), m.GroupDone, to="merger")
+    assert [e["episode_id"] for e in done.group["episodes"]] == ["g1_1.0", "g1_1.1r1"]
+    c = desk.counters
+    assert (c.requeued, c.abort_causes, c.completed, c.groups_finished) == (1, {"behavior error": 1}, 2, 1)
+    assert c.completed_by_runner == {"r": 1, "r2": 1}
+
+
+def test_failed_expired_and_badly_rewarded_episodes_are_closed_at_the_gateways():
+    desk = make_desk(retries=1)
+    first = lease(desk)
+    nan = m.GroupResult("r", first["lease_id"], [{"episode_id": first["episodes"][0]["episode_id"], "reward": 1.0},
+                                                 {"episode_id": first["episodes"][1]["episode_id"],
+                                                  "reward": float("nan")}])
+    assert closed(desk.on_GroupResult(nan, "r")) == [first["episodes"][1]["episode_id"]]   # the bad one only
+    assert desk.counters.abort_causes == {"invalid reward": 1}
+    retry = lease(desk)                                      # its member runs again...
+    out = desk.on_RunnerDown(m.RunnerDown("r"), "runners")   # ...and its runner dies
+    assert {retry["episodes"][0]["episode_id"], first["episodes"][0]["episode_id"]} <= set(closed(out))
+    c = desk.counters      # the group is dropped whole: its finished member is closed too
+    assert (c.groups_dropped, c.drop_causes, c.in_flight) == (1, {"runner died": 1}, 0)
+    (source,) = desk.sources
+    assert desk.leases.room(source, {}, desk.sources) == desk.leases.window     # a dropped group frees its place
+
+
+def test_expired_leases_are_requeued_and_late_results_rejected():
+    desk = make_desk()
+    first = lease(desk)
+    for stored in desk.leases.leases.values():
+        stored["deadline"] = time.time() - 1
+    assert len(closed(desk.tick())) == 2
+    assert sent(desk.on_GroupResult(result(first), "r"), m.GroupDone) == []    # the slow runner answers after all
+    again = lease(desk, "r2")
+    assert len(sent(desk.on_GroupResult(result(again), "r2"), m.GroupDone)) == 1
+    c = desk.counters
+    assert (c.late_results, c.completed, c.requeued, c.groups_finished) == (1, 2, 2, 1)
+    assert desk.status_counts()["groups"]["late_results_rejected"] == 1
+
+
+def test_unacknowledged_groups_go_to_a_restarted_merger_again():
+    desk = make_desk()
+    first = lease(desk)
+    assert len(sent(desk.on_GroupResult(result(first), "r"), m.GroupDone, to="merger")) == 1
+    again = desk.on_ServiceUp(m.ServiceUp("", "merger", "http://merger2", "merger2"), None)
+    assert len(sent(again, m.GroupDone, to="merger2")) == 1                   # sent, then sent again
+    desk.on_GroupStored(m.GroupStored([first["group_id"]]), "merger2")
+    again = desk.on_ServiceUp(m.ServiceUp("", "merger", "http://merger3", "merger3"), None)
+    assert sent(again, m.GroupDone) == [] and len(sent(again, m.Directory)) == 0   # nobody subscribed yet
+
+
+def test_client_mode_groups_and_the_counts_they_move():
+    desk = make_desk()
+    for k in range(2):
+        desk.on_ClientEvent(m.ClientEvent({"event": "open", "episode_id": f"c{k}", "group": "G", "group_size": 2}), "gw")
+    assert desk.counters.in_flight == 2
+    assert desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c0", "reward": 1.0}), "gw") == []
+    (done,) = sent(desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c1", "reward": 0.0}), "gw"),
+                   m.GroupDone, to="merger")
+    assert done.group["group_id"] == "c_G" and [e["reward"] for e in done.group["episodes"]] == [1.0, 0.0]
+    desk.on_ClientEvent(m.ClientEvent({"event": "open", "episode_id": "c9"}), "gw")
+    assert closed(desk.on_ClientEvent(m.ClientEvent({"event": "abort", "episode_id": "c9"}), "gw")) == ["c9"]
+    c = desk.counters
+    assert (c.in_flight, c.completed, c.aborted, c.groups_finished) == (0, 2, 1, 1)
+
+
+def test_an_upgrade_reaches_every_live_runner_and_rollback_is_idempotent():
+    desk = make_desk()
+    lease(desk, "r"), lease(desk, "r2")          # both runners asked for work: their addresses are known
+    blob = behaviors.pickle_function(*_behavior())
+    out = desk.handlers()[m.Upgrade](m.Upgrade(behaviors.sign_upload(TOKEN, "t", blob, "v2.py")), "cli")
+    updates = {addr for addr, msg in out if isinstance(msg, m.BehaviorUpdate)}
+    (reply,) = sent(out, m.UpgradeReply, to="cli")
+    assert updates == {"addr-r", "addr-r2"} and reply.ok and reply.version == 2 and desk.sources[0].version == 2
+    desk.handlers()[m.BehaviorLoaded](m.BehaviorLoaded("r", "t", 2, ""), "addr-r")
+    assert desk.upgrades.status(desk.placed_runners())[0]["runners"] == 1
+    (back,) = sent(desk.handlers()[m.Rollback](m.Rollback("t", 1), "cli"), m.UpgradeReply)
+    (again,) = sent(desk.handlers()[m.Rollback](m.Rollback("t", 1), "cli"), m.UpgradeReply)
+    assert back.ok and again.ok and desk.sources[0].version == 1
+    forged = behaviors.sign_upload("another token", "t", blob)
+    (refused,) = sent(desk.handlers()[m.Upgrade](m.Upgrade(forged), "cli"), m.UpgradeReply)
+    assert not refused.ok and "signature" in refused.error
+
+
+def _behavior():
+    import agents.arithmetic_v2 as module
+    return module, module.behavior
