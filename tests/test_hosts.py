@@ -194,12 +194,13 @@ def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm,
                                 extra=["--config", str(tmp_path / "job.toml")])
     status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
     assert status()["models"] == [] or status()["models"][0]["learner_step"] == 0
-    # the model node sees neither the head's run directory nor its model cache (hidden under
-    # empty mounts): it builds its own copy of the model and keeps its files in its own home
-    from actorjet.serving.zoo import cache_dir
+    # the model node sees neither the head's run directory nor its model cache, nor the
+    # package's shipped checkpoint (hidden under empty mounts, as on an install without it):
+    # it builds its own copy of the model and keeps its files in its own home
+    from actorjet.serving.zoo import SHIPPED, cache_dir
     cache = tmp_path / "modelbox-cache"
     swarm.join(port, token, "modelbox", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
-               prefix=modelbox.without(run, cache_dir()))
+               prefix=modelbox.without(run, cache_dir(), SHIPPED))
     swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
 
     wait_until(lambda: status()["training_finished"], 400, interval_s=2, what="12 learner steps")
