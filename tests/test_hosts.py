@@ -160,6 +160,7 @@ period_s = 60
 [[children]]
 id = "registry"
 kind = "registry"
+registry = true
 [[children]]
 id = "merger"
 kind = "merger"
@@ -179,8 +180,11 @@ args = { model = "policy" }
   kind = "learner"
 [[children]]
 id = "runners"
-kind = "runner_supervisor"
-args = { runners = 0 }
+kind = "supervisor"
+strategy = "simple_one_for_one"
+child_kind = "runner"
+max_restarts = 1000
+period_s = 60
 """
 
 
@@ -227,6 +231,7 @@ max_restarts = 20
 [[children]]
 id = "registry"
 kind = "registry"
+registry = true
 [[children]]
 id = "probe"
 kind = "probe"

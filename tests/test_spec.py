@@ -16,6 +16,7 @@ period_s = 5
 [[children]]
 id = "registry"
 kind = "registry"
+registry = true
 
 [[children]]
 id = "model.policy"
@@ -50,6 +51,21 @@ def test_a_good_tree_loads_and_round_trips():
      "field 'id': duplicate child id 'x'"),
     ('id = "root"\n[[children]\nid = "x"\n', "t.toml: malformed TOML"),
     ('id = "root"\n[[children]]\nkind = "probe"\n', "field 'id': every child needs a string id"),
+    ('id = "root"\n[[children]]\nid = "registry"\nkind = "registry"\n',
+     "t.toml:4: field 'kind': the registry child needs `registry = true`"),
+    ('id = "root"\n[[children]]\nid = "a"\nkind = "registry"\nregistry = true\n[[children]]\nid = "b"\n'
+     'kind = "probe"\nregistry = true\n', "field 'registry': only one child may be the registry"),
+    ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n',
+     "field 'child_kind': simple_one_for_one needs child_kind"),
+    ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
+     'child_kind = "warp"\n', "t.toml:6: field 'child_kind': unknown actor kind 'warp'"),
+    ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
+     'child_kind = "runner"\ncount = -1\n', "field 'count': must be a whole number >= 0"),
+    ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
+     'child_kind = "runner"\n[[children.children]]\nid = "x"\nkind = "probe"\n',
+     "a simple_one_for_one supervisor declares no children"),
+    ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\ncount = 3\n',
+     "field 'count': count is only for strategy = \"simple_one_for_one\""),
 ])
 def test_mistakes_name_file_line_and_field(text, expected):
     with pytest.raises(UserError) as err:
@@ -101,3 +117,15 @@ def test_cli_checks_task_code_before_starting(tmp_path, module, behavior_code, m
     assert message in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "head.json").exists()
+
+
+def test_one_backoff_policy_for_every_restart():
+    """runtime/backoff.py: a child that ran a while restarts at once; a crash loop waits
+    0.05, 0.1, 0.2 … s, capped; one healthy run resets it."""
+    from actorjet.runtime.backoff import Backoff
+
+    b = Backoff(initial_s=0.05, max_s=0.15, healthy_s=1.0)
+    assert b.delay("x", started_at=0.0, now=5.0) == 0.0                      # ran 5 s: at once
+    assert [b.delay("x", 10.0, 10.2) for _ in range(4)] == [0.05, 0.1, 0.15, 0.15]
+    assert b.delay("y", 10.0, 10.2) == 0.05                                  # per child
+    assert b.delay("x", 20.0, 22.0) == 0.0 and b.delay("x", 30.0, 30.1) == 0.05   # reset by a healthy run

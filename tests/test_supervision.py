@@ -16,6 +16,7 @@ max_restarts = 50
 [[children]]
 id = "registry"
 kind = "registry"
+registry = true
 [[children]]
 id = "work"
 kind = "supervisor"
@@ -105,7 +106,7 @@ def test_restart_intensity_escalates_to_the_parent(make_head):
 
 def test_root_escalation_stops_the_head_with_a_clear_message(swarm, tmp_path, trees):
     tree = tmp_path / "fragile.toml"
-    tree.write_text('id = "root"\nmax_restarts = 0\n[[children]]\nid = "registry"\nkind = "registry"\n'
+    tree.write_text('id = "root"\nmax_restarts = 0\n[[children]]\nid = "registry"\nkind = "registry"\nregistry = true\n'
                     '[[children]]\nid = "p"\nkind = "probe"\n')
     head, port, _ = swarm.head(tmp_path / "run", str(tree))
     from actorjet.runtime.head import attach_root, lookup

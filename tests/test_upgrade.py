@@ -114,6 +114,9 @@ def test_upgrade_canary_rollback_and_node_replacement_during_training(swarm, net
     out = cli("upgrade", "arithmetic", f"{write_behavior(tmp_path, 'A')}:behavior", run=run, host=head, env=swarm.env_of(head))
     assert out.returncode == 0, out.stderr
     assert "arithmetic v2 is live on 2 runners" in out.stdout
+    # "live" means loaded: when the command returns, every placed runner reports v2 already
+    placed = [r for r in status()["runners"] if r["node_id"] is not None]
+    assert len(placed) == 2 and all(r["behaviors"].get("arithmetic") == 2 for r in placed), placed
     wait_until(lambda: any(g["version"] == 2 for g in groups(run)), 30, what="a v2 group")
     data = status()
     behavior = data["behaviors"][0]

@@ -1,8 +1,9 @@
 """The agent runner actor: lives on a node slot, pulls GRPO-group leases, runs behaviors.
 
-Placed by the runner supervisor with ``{"node_id": ...}`` requirements.  On start it
-tells the node agent which admission placed it, so a runner left behind by a head that
-restarted (or by a network cut) is stopped instead of running twice.
+Placed by its supervisor (simple_one_for_one, runtime/supervisor.py) with
+``{"node_id": ...}`` requirements.  On start it tells the node agent which admission placed
+it, so a runner left behind by a head that restarted (or by a network cut) is stopped
+instead of running twice.
 
 Episodes run in a thread pool (agent code mostly waits on HTTP), so one runner keeps
 ``runner_concurrency`` episodes in flight while its actor stays responsive: a short

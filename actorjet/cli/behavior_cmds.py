@@ -124,7 +124,7 @@ def wait_for_runners(asys, registry, name: str, version: int, timeout_s: float) 
     while True:
         reply = asys.ask(registry, m.GetStatus(), 5)
         if isinstance(reply, m.Status):
-            placed = [r for r in reply.data["runners"] if r.get("state") == "placed"]
+            placed = [r for r in reply.data["runners"] if r.get("node_id") is not None]   # not "waiting for a node"
             behind = [r["id"] for r in placed if r.get("behaviors", {}).get(name) != version]
             if not behind:
                 return time.perf_counter() - t0, []

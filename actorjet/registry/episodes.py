@@ -79,7 +79,7 @@ class EpisodeDesk:
         self.counters = Counters()
         self.leases = LeaseDesk(train, self.token, epoch, self.counters)
         self.upgrades = UpgradeDesk(self.token, self.store, self.sources)
-        self.runners: list[dict] = []                # the runner supervisor's last report
+        self.runners: list[dict] = []                # the runners' supervisor's last report
         self.restarts: dict[str, int] = {}           # restarts per child path (for the metrics' swarm lines)
         self.nodes_lost = 0
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
@@ -187,7 +187,7 @@ class EpisodeDesk:
         return next((s for s in self.sources if s.name == name), None)
 
     def placed_runners(self) -> list[str]:
-        """Placed runners, as the runner supervisor last reported."""
+        """Placed runners, as their supervisor last reported."""
         return [r["id"] for r in self.runners if r.get("placed")]
 
     def live_runner_addresses(self) -> dict[str, object]:

@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import psutil
 
 from actorjet.rl.rewards import failed
+from actorjet.runtime.backoff import Backoff
 
 
 def _worker_main(conn, threads: int) -> None:
@@ -64,7 +65,7 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["actorjet.actors.runner", "openai"])
+        _CTX.set_forkserver_preload(["actorjet.runner.episode", "openai"])
     return _CTX
 
 
@@ -77,7 +78,8 @@ class TaskWorker:
         self.lock = threading.Lock()
         self.restarts = 0
         self.queue: list = []              # requests not yet sent (worker down or backing off)
-        self.deaths: list[float] = []
+        self.backoff = Backoff(initial_s=0.25, max_s=10.0, healthy_s=30.0)   # runtime/backoff.py
+        self.started = 0.0
         self.not_before = 0.0
         self.timer_armed = False
 
@@ -87,6 +89,7 @@ class TaskWorker:
         self.process = ctx.Process(target=_worker_main, args=(child, self.threads), daemon=True,
                                    name=f"actorjet-task-{self.task_name}")
         self.process.start()
+        self.started = time.monotonic()
         child.close()
         self.conn = parent
         threading.Thread(target=self._read, args=(parent, self.process), daemon=True).start()
@@ -101,8 +104,8 @@ class TaskWorker:
 
     def _pump(self) -> None:
         """Start the worker if it is down (unless it is backing off) and send what waits.
-        A task that keeps killing its worker is restarted after growing pauses (0.25 s,
-        0.5 s, … up to 10 s): each start costs a Python process, and a crash loop must not
+        A task that keeps killing its worker (within 30 s of its start) is restarted after
+        growing pauses (0.25 s, 0.5 s, … up to 10 s; runtime/backoff.py): each start costs a Python process, and a crash loop must not
         eat the CPU the other tasks need.  Its episodes wait meanwhile (their lease runs)."""
         alive = self.process is not None and self.process.is_alive()
         if not alive:
@@ -133,9 +136,7 @@ class TaskWorker:
 
     def _died(self) -> None:
         now = time.monotonic()
-        self.deaths = [t for t in self.deaths if now - t < 30] + [now]
-        if len(self.deaths) > 1:
-            self.not_before = now + min(10.0, 0.25 * 2 ** (len(self.deaths) - 2))
+        self.not_before = now + self.backoff.delay(self.task_name, self.started, now)
 
     def _read(self, conn, process) -> None:
         while True:

@@ -12,7 +12,7 @@ from actorjet.errors import UserError
 KINDS = {
     "supervisor": "actorjet.runtime.supervisor:Supervisor",
     "registry": "actorjet.actors.registry:Registry",
-    "runner_supervisor": "actorjet.actors.runner_supervisor:RunnerSupervisor",
+    "runner": "actorjet.actors.runner:AgentRunner",
     "merger": "actorjet.actors.merger:Merger",
     "engine": "actorjet.actors.engine:Engine",
     "gateway": "actorjet.actors.gateway:Gateway",

@@ -166,7 +166,7 @@ class Subscribe:
 
 @dataclass
 class RunnersChanged:
-    """Runner supervisor → registry: the current placement, for `actorjet status`."""
+    """The runners' supervisor → registry: the current placement, for `actorjet status`."""
     runners: list
 
 
@@ -362,7 +362,7 @@ class GroupStored:
 
 @dataclass
 class RunnerDown:
-    """Runner supervisor → registry: this runner's process died; re-queue its leases now."""
+    """The runners' supervisor → registry: this runner's process died; re-queue its leases now."""
     runner_id: str
 
 

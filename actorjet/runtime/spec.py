@@ -16,11 +16,11 @@ from actorjet.errors import UserError
 from actorjet.runtime import kinds
 
 RESTART_TYPES = ("permanent", "transient", "temporary")
-STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one")
-CHILD_KEYS = {"id", "kind", "restart", "args", "placement"}
+STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one", "simple_one_for_one")
+CHILD_KEYS = {"id", "kind", "restart", "args", "placement", "registry"}
 PLACEMENT_KEYS = {"node", "gpus", "cpus"}
 SUPERVISOR_KEYS = {"strategy", "max_restarts", "period_s", "backoff_initial_s",
-                   "backoff_max_s", "children"}
+                   "backoff_max_s", "children", "child_kind", "count"}
 
 
 @dataclass
@@ -30,6 +30,7 @@ class ChildSpec:
     restart: str = "permanent"
     args: dict = field(default_factory=dict)
     placement: dict = field(default_factory=dict)   # which node: {node = NAME} and/or {gpus = N, cpus = N}
+    registry: bool = False       # the registry: every actor of the tree gets its address
     # only for kind == "supervisor":
     strategy: str = "one_for_one"
     max_restarts: int = 5
@@ -37,6 +38,9 @@ class ChildSpec:
     backoff_initial_s: float = 0.0
     backoff_max_s: float = 5.0
     children: list["ChildSpec"] = field(default_factory=list)
+    # only for strategy == "simple_one_for_one": the children made at run time
+    child_kind: str = ""         # their kind, e.g. "runner"
+    count: int = 0               # 0: one per slot of every live node; N: N of them, placed by free slots
 
     def to_dict(self) -> dict:
         """Plain data, so the spec travels inside thespian messages."""
@@ -89,7 +93,18 @@ def parse_tree(text: str, name: str = "<tree>") -> ChildSpec:
     data.setdefault("id", "root")
     data["kind"] = "supervisor"
     spec = _child(data, loc, seen=set())
+    flagged = [c.id for c in _walk(spec) if c.registry]
+    if len(flagged) > 1:
+        raise loc.error(flagged[1], "registry", f"only one child may be the registry (also: {flagged[0]!r})")
+    if flagged and flagged[0] not in {c.id for c in spec.children}:
+        raise loc.error(flagged[0], "registry", "the registry must be a child of the root supervisor")
     return spec
+
+
+def _walk(spec: ChildSpec):
+    for child in spec.children:
+        yield child
+        yield from _walk(child)
 
 
 def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
@@ -123,14 +138,37 @@ def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
             raise loc.error(cid, "placement", "placement.node must be a node name, e.g. placement = { node = \"gpu1\" }")
         if key != "node" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise loc.error(cid, "placement", f"placement.{key} must be a whole number >= 0")
+    if not isinstance(data.get("registry", False), bool):
+        raise loc.error(cid, "registry", "must be true or false")
+    if kind == "registry" and not data.get("registry"):
+        raise loc.error(cid, "kind", "the registry child needs `registry = true` (every other actor "
+                        "gets its address from it)")
     spec = ChildSpec(id=cid, kind=kind, restart=restart, args=dict(data.get("args", {})),
-                     placement=dict(data.get("placement", {})))
+                     placement=dict(data.get("placement", {})), registry=data.get("registry", False))
     if kind != "supervisor":
         return spec
     strategy = data.get("strategy", "one_for_one")
     if strategy not in STRATEGIES:
         raise loc.error(cid, "strategy", f"must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     spec.strategy = strategy
+    if strategy == "simple_one_for_one":
+        child_kind, count = data.get("child_kind"), data.get("count", 0)
+        if not isinstance(child_kind, str) or not child_kind:
+            raise loc.error(cid, "child_kind", "simple_one_for_one needs child_kind, the kind of the children it "
+                            "makes at run time (e.g. child_kind = \"runner\")")
+        try:
+            kinds.resolve(child_kind)
+        except UserError as e:
+            raise loc.error(cid, "child_kind", str(e)) from None
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise loc.error(cid, "count", f"must be a whole number >= 0 (0: one per slot), got {count!r}")
+        if data.get("children"):
+            raise loc.error(cid, "children", "a simple_one_for_one supervisor declares no children: "
+                            "it makes them from child_kind")
+        spec.child_kind, spec.count = child_kind, count
+    elif "child_kind" in data or "count" in data:
+        key = "child_kind" if "child_kind" in data else "count"
+        raise loc.error(cid, key, f"{key} is only for strategy = \"simple_one_for_one\"")
     for key, typ, minimum in (("max_restarts", int, 0), ("period_s", (int, float), 0.001),
                               ("backoff_initial_s", (int, float), 0), ("backoff_max_s", (int, float), 0)):
         if key in data:

@@ -3,15 +3,16 @@
 Restart types:  permanent (always restarted), transient (restarted unless it said it was
 stopping normally), temporary (never restarted).
 Strategies:     one_for_one (only the failed child), one_for_all (every child),
-                rest_for_one (the failed child and the children started after it).
+                rest_for_one (the failed child and the children started after it),
+                simple_one_for_one (no children declared: they are made at run time from one
+                ``child_kind``, like OTP's; ActorJet's runners are these).
 Intensity:      more than ``max_restarts`` restarts within ``period_s`` → the supervisor
                 stops its children, tells its parent (``Escalated``) and exits; its parent
                 then treats that as a failure of its own child.  At the root, the head
                 process is told and exits with a clear message.
-Backoff:        a child that ran for at least a second is restarted at once (fast recovery
-                matters most); one that keeps dying within a second of its start is in a
-                crash loop, and its k-th quick death waits ``backoff_initial_s * 2**(k-1)``
-                (0.05 s if unset), capped at ``backoff_max_s``.
+Backoff:        runtime/backoff.py, the one policy: a child that ran for at least a second is
+                restarted at once; its k-th quick death in a row waits
+                ``backoff_initial_s * 2**(k-1)`` (0.05 s if unset), capped at ``backoff_max_s``.
 
 Placement:      a child with ``placement = { node = "gpu1" }`` and/or ``{ gpus = 1, cpus = 8 }``
                 starts on an admitted live node that matches (the head counts as a node; the
@@ -22,6 +23,14 @@ Placement:      a child with ``placement = { node = "gpu1" }`` and/or ``{ gpus =
 Children on *other nodes* are not reported dead by thespian when their node dies; the
 supervisor of a placed child subscribes to the registry's NodeUp / NodeLost events and
 treats the loss of its node as the child's failure (restarted on another match, or waiting).
+
+Dynamic children (simple_one_for_one) are placed by slots: ``count = 0`` keeps one per slot
+of every live node (``KIND-NODE-i``; a lost node's children go with it), ``count = N`` keeps
+N (``KIND-i``) on the nodes with the most free slots, re-placed when their node is lost.
+They run agent code on joined nodes, so their context never holds the cluster token; each
+gets its node's admission id (a node agent stops the children of an older admission).  The
+registry is told where they are (RunnersChanged) and when one dies (RunnerDown: its leases
+go back at once).
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ from thespian.actors import ActorExitRequest, ChildActorExited, WakeupMessage
 
 from actorjet.runtime import kinds
 from actorjet.runtime import messages as m
+from actorjet.runtime.backoff import Backoff
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.spec import ChildSpec
 
@@ -49,15 +59,22 @@ class Supervisor(ManagedActor):
         self.normal_exit: set[str] = set()
         self.recent: deque[float] = deque()        # restart times inside the period
         self.started_at: dict[str, float] = {}
-        self.quick_deaths: dict[str, int] = {}     # consecutive deaths within 1 s of start
+        self.backoff = Backoff(self.spec.backoff_initial_s or 0.05, self.spec.backoff_max_s)
         self.counts: dict[str, int] = {}           # root only: restarts per path
         self.owner = None
         self.escalated = False
         self.nodes: dict[str, dict] = {}           # admitted live nodes (only with placed children)
         self.placed_on: dict[str, str] = {}        # child id → node id
         self.waiting: list[str] = []               # placed children with no matching node yet
+        self.dynamic = self.spec.strategy == "simple_one_for_one"
+        if self.dynamic:                           # their specs, made at run time; count mode: all now
+            self.spec.children = [ChildSpec(id=f"{self.spec.child_kind}-{i}", kind=self.spec.child_kind)
+                                  for i in range(self.spec.count)]
+            self.waiting = [c.id for c in self.spec.children]
+            self.since: dict[str, float] = {}      # dynamic child → when its incarnation started (wall)
         for child in self.spec.children:
-            self._start(child)
+            if not self.dynamic:
+                self._start(child)
         self._subscribe_nodes()
 
     def receiveMsg_Init(self, msg: m.Init, sender):
@@ -68,6 +85,9 @@ class Supervisor(ManagedActor):
 
     # -- starting and stopping ------------------------------------------------------------
     def _start(self, child: ChildSpec) -> None:
+        if self.dynamic:
+            self._start_dynamic(child)
+            return
         cls = kinds.resolve(child.kind)
         requirements = None
         if child.placement:
@@ -88,7 +108,7 @@ class Supervisor(ManagedActor):
             args["spec"] = child.to_dict()
         self.send(addr, m.Init(child.id, f"{self.path}/{child.id}", args, self.context,
                                self.myAddress))
-        if child.kind == "registry":
+        if child.registry:
             self.context["registry"] = addr
             for other_id, other in self.addresses.items():
                 if other_id != child.id:
@@ -97,9 +117,48 @@ class Supervisor(ManagedActor):
                 self.send(addr, m.RestartCounts(dict(self.counts)))
             self._subscribe_nodes()        # a restarted registry has no subscribers
 
+    # -- dynamic children (simple_one_for_one) ----------------------------------------------
+    def _start_dynamic(self, child: ChildSpec, node_id: str | None = None) -> None:
+        """Start on ``node_id``, or on the live node with the most free slots; else wait."""
+        node_id = node_id or self.placed_on.get(child.id)
+        if node_id is None or node_id not in self.nodes or self._free_slots(node_id) <= 0:
+            free = [(self._free_slots(n), n) for n in self.nodes if self._free_slots(n) > 0]
+            node_id = max(free)[1] if free and self.spec.count else None
+        if node_id is None or node_id not in self.nodes:
+            if child.id not in self.waiting:
+                self.waiting.append(child.id)
+            return
+        if child.id in self.waiting:
+            self.waiting.remove(child.id)
+        addr = self.createActor(kinds.resolve(child.kind), targetActorRequirements={"node_id": node_id})
+        self.addresses[child.id], self.placed_on[child.id] = addr, node_id
+        self.started_at[child.id], self.since[child.id] = time.monotonic(), time.time()
+        args = {**self.inherited, **self.spec.args, "runner_id": child.id, "node_id": node_id,
+                "admission": self.nodes[node_id]["admission"]}
+        context = {k: v for k, v in self.context.items() if k != "token"}   # agent code never needs the secret
+        self.send(addr, m.Init(child.id, f"{self.path}/{child.id}", args, context, self.myAddress))
+
+    def _free_slots(self, node_id: str) -> int:
+        used = sum(1 for c, n in self.placed_on.items() if n == node_id and c in self.addresses)
+        return self.nodes[node_id]["slots"] - used
+
+    def _place_waiting(self) -> None:
+        for child in [c for c in self.spec.children if c.id in self.waiting]:
+            self._start_dynamic(child)
+        self._report_children()
+
+    def _report_children(self) -> None:
+        """Where the dynamic children are: the registry adds what each is doing (status)."""
+        if not self.dynamic or self.registry is None:
+            return
+        rows = [{"id": c, "node_id": self.placed_on[c], "placed": True, "since": self.since[c]}
+                for c in sorted(self.addresses)]
+        rows += [{"id": c, "node_id": None, "placed": False} for c in self.waiting]
+        self.send(self.registry, m.RunnersChanged(rows))
+
     # -- placement ----------------------------------------------------------------------
     def _subscribe_nodes(self) -> None:
-        if any(c.placement for c in self.spec.children) and self.registry is not None:
+        if (self.dynamic or any(c.placement for c in self.spec.children)) and self.registry is not None:
             self.send(self.registry, m.Subscribe("nodes"))
 
     def _pick_node(self, child: ChildSpec) -> str | None:
@@ -111,7 +170,21 @@ class Supervisor(ManagedActor):
         return min(fits, key=lambda nid: (load(nid), nid), default=None)
 
     def receiveMsg_NodeUp(self, msg: m.NodeUp, sender):
-        self.nodes[msg.node_id] = {"name": msg.name, "gpus": msg.gpus, "cpus": msg.cpus}
+        known = msg.node_id in self.nodes
+        self.nodes[msg.node_id] = {"name": msg.name, "gpus": msg.gpus, "cpus": msg.cpus, "slots": msg.slots,
+                                   "admission": msg.admission}
+        if self.dynamic:
+            if not known and self.spec.count == 0:        # one per slot of this node
+                for i in range(msg.slots):
+                    cid = f"{self.spec.child_kind}-{msg.name}-{i}"
+                    if not any(c.id == cid for c in self.spec.children):
+                        self.spec.children.append(ChildSpec(id=cid, kind=self.spec.child_kind))
+                    self.placed_on[cid] = msg.node_id
+                    if cid not in self.addresses and cid not in self.waiting:
+                        self.waiting.append(cid)
+            if not self.escalated:
+                self._place_waiting()
+            return
         waiting, self.waiting = self.waiting, []
         for child in self.spec.children:
             if child.id in waiting and not self.escalated:
@@ -120,6 +193,22 @@ class Supervisor(ManagedActor):
     def receiveMsg_NodeLost(self, msg: m.NodeLost, sender):
         """thespian never reports children on a dead node: their node's loss is their failure."""
         self.nodes.pop(msg.node_id, None)
+        if self.dynamic:
+            for child_id, node_id in list(self.placed_on.items()):
+                if node_id != msg.node_id:
+                    continue
+                self._stop(child_id)                  # best effort: the node may be gone
+                if self.spec.count:                   # count mode: placed again elsewhere
+                    del self.placed_on[child_id]
+                    self.waiting.append(child_id)
+                else:                                 # per slot: they were that node's
+                    del self.placed_on[child_id]
+                    self.spec.children = [c for c in self.spec.children if c.id != child_id]
+                    if child_id in self.waiting:
+                        self.waiting.remove(child_id)
+            if not self.escalated:
+                self._place_waiting()
+            return
         for child_id, node_id in list(self.placed_on.items()):
             if node_id == msg.node_id and child_id in self.addresses and not self.escalated:
                 log.warning("%s/%s: its node %s was lost (%s)", self.path, child_id, node_id, msg.reason)
@@ -134,9 +223,11 @@ class Supervisor(ManagedActor):
             self.send(addr, ActorExitRequest())
 
     def on_context(self) -> None:
+        context = {k: v for k, v in self.context.items() if k != "token"} if self.dynamic else self.context
         for addr in self.addresses.values():
-            self.send(addr, m.ContextUpdate(self.context))
+            self.send(addr, m.ContextUpdate(context))
         self._subscribe_nodes()
+        self._report_children()          # a restarted registry knows nothing of them yet
 
     # -- failures -----------------------------------------------------------------------
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):
@@ -144,6 +235,8 @@ class Supervisor(ManagedActor):
         if child_id is None or self.escalated:
             return
         del self.addresses[child_id]
+        if self.dynamic and self.registry is not None:
+            self.send(self.registry, m.RunnerDown(child_id))      # its leases go back now
         child = next(c for c in self.spec.children if c.id == child_id)
         if child.restart == "temporary" or (child.restart == "transient"
                                             and child_id in self.normal_exit):
@@ -158,7 +251,7 @@ class Supervisor(ManagedActor):
                            f"(max {self.spec.max_restarts}); last failure: {child_id}")
             return
         ids = [c.id for c in self.spec.children if c.id not in self.gone]
-        if self.spec.strategy == "one_for_one":
+        if self.spec.strategy in ("one_for_one", "simple_one_for_one"):
             to_restart = [child_id]
         elif self.spec.strategy == "one_for_all":
             to_restart = ids
@@ -168,24 +261,18 @@ class Supervisor(ManagedActor):
             if other != child_id:
                 self._stop(other)
         self._report_restart(f"{self.path}/{child_id}")
-        delay = self._backoff(child_id, now)
+        delay = self.backoff.delay(child_id, self.started_at.get(child_id, 0.0), now)
         if delay <= 0:
             self._restart(to_restart)
         else:
             self.wakeupAfter(timedelta(seconds=delay), payload=("restart", to_restart))
-
-    def _backoff(self, child_id: str, now: float) -> float:
-        if now - self.started_at.get(child_id, 0.0) >= 1.0:
-            self.quick_deaths[child_id] = 0
-            return 0.0
-        k = self.quick_deaths[child_id] = self.quick_deaths.get(child_id, 0) + 1
-        base = self.spec.backoff_initial_s or 0.05
-        return min(self.spec.backoff_max_s, base * 2 ** (k - 1))
+        self._report_children()
 
     def _restart(self, ids: list[str]) -> None:
         for child in self.spec.children:
             if child.id in ids and child.id not in self.addresses:
                 self._start(child)
+        self._report_children()
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         if isinstance(msg.payload, tuple) and msg.payload[0] == "restart" and not self.escalated:
@@ -222,7 +309,8 @@ class Supervisor(ManagedActor):
             self.send(self.supervisor, m.ChildRestarted(path))
             return
         self.counts[path] = self.counts.get(path, 0) + 1
-        if self.registry is not None and "registry" in self.addresses:
+        registry_child = next((c.id for c in self.spec.children if c.registry), None)
+        if self.registry is not None and registry_child in self.addresses:
             self.send(self.registry, m.RestartCounts(dict(self.counts)))
 
     # -- lookups ------------------------------------------------------------------------
