@@ -8,6 +8,21 @@ once a second) and once without, in alternating order.  It compares the learner'
 step time (steps after the fifth) and the CPU seconds per step of the registry, merger and
 learner processes.  Prints a table and writes bench/results/top_cost.json.  Target: at most
 2% more step time.
+
+    python bench/top_cost.py --windows 10 --steps 1500
+
+Between two heads the median step time alone moves by up to 25% on this machine (which
+runs are slow has nothing to do with polling), so paired runs give a wide interval.
+``--windows S`` measures inside one head instead: the pollers switch on and off every S
+seconds, and each "on" window is paired with the "off" window next to it, so both halves of
+a pair share the run, its warm caches and the machine's state at that minute.  The change
+is the mean of the pairs' ratios of median step time, with its 95% interval.
+
+Step times on 2 busy cores vary by ~15% window to window, more than the effect, so the
+windowed run also measures the cost directly: the CPU that watching adds per second (the
+registry and door processes in "on" windows minus "off" windows, plus the pollers' own
+threads).  Watching can slow the learner by at most that fraction of one core, even if
+every extra cycle ran on the learner's core.
 """
 from __future__ import annotations
 
@@ -87,12 +102,98 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return mean, T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / len(values) ** 0.5
 
 
+def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float) -> dict:
+    """One head; pollers on and off in alternating windows; step times grouped by window."""
+    import time as _time
+    from actorjet.runtime.head import attach_root, status as head_status
+
+    tmp.mkdir(parents=True)
+    (tmp / "job.toml").write_text(quickstart_job(steps))
+    swarm = Swarm(tmp)
+    try:
+        _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
+                                    extra=["--config", str(tmp / "job.toml")])
+        status = lambda: head_status(*attach_root(port))  # noqa: E731
+        wait_until(lambda: status()["models"][0]["learner_step"] >= 10, 300, interval_s=0.5, what="10 steps")
+        pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in ("root/registry", "root/door")}
+        procs = [psutil.Process(pid) for pid in pids.values()]
+        head_cpu = lambda: sum(sum(p.cpu_times()[:2]) for p in procs)  # noqa: E731
+        done, on, polls, failed = threading.Event(), threading.Event(), [0], []
+        poller_cpu = [0.0]           # CPU seconds of the poller threads, all together
+
+        def watch():
+            poller = Poller(f"http://127.0.0.1:{port + 1}", token)
+            while not done.is_set():
+                if on.wait(0.1):
+                    t0 = _time.thread_time()
+                    if poller.poll() is not None:
+                        polls[0] += 1
+                    else:
+                        failed.append(poller.error)
+                    poller_cpu[0] += _time.thread_time() - t0
+                    done.wait(1.0)
+        threads = [threading.Thread(target=watch, daemon=True) for _ in range(watchers)]
+        for t in threads:
+            t.start()
+        windows = []            # (start, end, watched, CPU seconds added by head processes and pollers)
+        watched = False
+        while not status()["training_finished"]:
+            start, cpu0, poll0 = _time.time(), head_cpu(), poller_cpu[0]
+            (on.set if watched else on.clear)()
+            done.wait(window_s)
+            windows.append((start, _time.time(), watched, head_cpu() - cpu0 + poller_cpu[0] - poll0))
+            watched = not watched
+        done.set()
+        train = [r for r in metrics.read(tmp / "run") if r.get("kind") == "train" and r["step"] > 10]
+        medians, cpu_pairs = [], []
+        for (s1, e1, w1, c1), (s2, e2, w2, c2) in zip(windows[0::2], windows[1::2]):
+            on_w, off_w = ((c1, e1 - s1), (c2, e2 - s2)) if w1 else ((c2, e2 - s2), (c1, e1 - s1))
+            cpu_pairs.append(on_w[0] / on_w[1] - off_w[0] / off_w[1])     # cores added while watched
+        for start, end, w, _ in windows:
+            # A step belongs to the window it ended in; skip the first second after a switch.
+            times = [r["step_time_s"] for r in train if start + 1.0 <= r["time"] < end]
+            medians.append((w, statistics.median(times) if len(times) >= 5 else None))
+        pairs = []
+        for (w1, m1), (w2, m2) in zip(medians[0::2], medians[1::2]):
+            if m1 and m2:
+                off, on_ = (m1, m2) if not w1 else (m2, m1)
+                pairs.append(on_ / off - 1)
+        return {"windows": len(windows), "pairs": pairs, "cpu_pairs": cpu_pairs, "poller_cpu_s": poller_cpu[0],
+                "polls": polls[0], "failed_polls": len(failed),
+                "step_time_median_off_s": statistics.median(m for w, m in medians if m and not w),
+                "step_time_median_on_s": statistics.median(m for w, m in medians if m and w)}
+    finally:
+        swarm.cleanup()
+
+
+def windowed_main(args) -> int:
+    with tempfile.TemporaryDirectory(prefix="aj-topcost-") as tmp:
+        out = windowed_run(Path(tmp) / "windows", args.steps, args.watchers, args.windows)
+    mean, half = mean_ci(out["pairs"])
+    cpu, cpu_half = mean_ci(out["cpu_pairs"])
+    table([("learner step time (median per window)", f"{out['step_time_median_off_s']:.3f} s",
+            f"{out['step_time_median_on_s']:.3f} s", f"{100 * mean:+.1f}% ± {100 * half:.1f}",
+            f"{len(out['pairs'])} pairs", "<= +2%"),
+           ("CPU added by watching (registry + door + pollers)", "-", "-",
+            f"{100 * cpu:+.2f}% ± {100 * cpu_half:.2f} of one core", f"{len(out['cpu_pairs'])} pairs",
+            "bounds the slowdown")],
+          ("measure", "off", f"{args.watchers} top at 1 Hz", "change (95% CI)", "pairs", "target"))
+    write("top_cost_windows", {"steps": args.steps, "watchers": args.watchers, "window_s": args.windows,
+                               **out, "change": {"mean": mean, "ci95": half},
+                               "cpu_added_cores": {"mean": cpu, "ci95": cpu_half}})
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--watchers", type=int, default=1, help="`top`s polling at once (default 1)")
+    ap.add_argument("--windows", type=float, default=0,
+                    help="measure inside one head: pollers on and off every WINDOWS seconds")
     args = ap.parse_args()
+    if args.windows:
+        return windowed_main(args)
     runs = {"watched": [], "alone": []}
     with tempfile.TemporaryDirectory(prefix="aj-topcost-") as tmp:
         for i in range(args.rounds):
