@@ -52,16 +52,21 @@ def quickstart_job(steps: int) -> str:
 WATCHED = ("root/registry", "root/merger", "root/model.policy/learner")
 
 
-def one_run(tmp: Path, steps: int, watchers: int) -> dict:
+def start_head(tmp: Path, steps: int):
+    """A head on the quickstart's job with 2 local runners: (swarm, head port, token, status())."""
     from actorjet.runtime.head import attach_root, status as head_status
 
     tmp.mkdir(parents=True)
     (tmp / "job.toml").write_text(quickstart_job(steps))
     swarm = Swarm(tmp)
+    _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
+                                extra=["--config", str(tmp / "job.toml")])
+    return swarm, port, token, lambda: head_status(*attach_root(port))
+
+
+def one_run(tmp: Path, steps: int, watchers: int) -> dict:
+    swarm, port, token, status = start_head(tmp, steps)
     try:
-        _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
-                                    extra=["--config", str(tmp / "job.toml")])
-        status = lambda: head_status(*attach_root(port))  # noqa: E731
         wait_until(lambda: status()["models"][0]["learner_step"] >= 5, 300, interval_s=0.5, what="5 steps")
         pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in WATCHED}
         procs = [psutil.Process(p) for p in pids.values()]
@@ -105,15 +110,9 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float) -> dict:
     """One head; pollers on and off in alternating windows; step times grouped by window."""
     import time as _time
-    from actorjet.runtime.head import attach_root, status as head_status
 
-    tmp.mkdir(parents=True)
-    (tmp / "job.toml").write_text(quickstart_job(steps))
-    swarm = Swarm(tmp)
+    swarm, port, token, status = start_head(tmp, steps)
     try:
-        _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
-                                    extra=["--config", str(tmp / "job.toml")])
-        status = lambda: head_status(*attach_root(port))  # noqa: E731
         wait_until(lambda: status()["models"][0]["learner_step"] >= 10, 300, interval_s=0.5, what="10 steps")
         pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in ("root/registry", "root/door")}
         procs = [psutil.Process(pid) for pid in pids.values()]

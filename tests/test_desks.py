@@ -139,3 +139,20 @@ def test_an_upgrade_reaches_every_live_runner_and_rollback_is_idempotent():
 def _behavior():
     import agents.arithmetic_v2 as module
     return module, module.behavior
+
+
+def test_a_learner_starved_by_a_stalled_gateway_is_not_blamed():
+    """The gateway blocks, so no batch can be assembled: only the gateway is restarted (CI once
+    saw the learner restarted with it, which costs a rewind to its checkpoint)."""
+    from actorjet.registry.watchdog import Watchdog
+
+    dog = Watchdog(stall_s=4.0)
+    dog.progress("policy/learner", 7, 1, "learner", now=0.0)       # batches waiting, step 7
+    dog.progress("policy/gateway", 100, 1, "gateway", now=0.0)     # its loop stops turning
+    assert [who for who, _, _ in dog.check(now=5.0)] == ["policy/gateway"]
+    assert dog.check(now=8.0) == []                                # still starved: not blamed
+    dog.progress("policy/gateway", 0, 1, "gateway-2", now=8.5)     # a new incarnation: healed
+    assert (dog.detected, dog.healed) == (1, 1)
+    assert dog.check(now=12.0) == []                               # its quiet time started again at 8
+    dog.progress("policy/gateway", 5, 1, "gateway-2", now=12.5)    # the new gateway serves
+    assert [who for who, _, _ in dog.check(now=13.0)] == ["policy/learner"]   # stuck on its own now

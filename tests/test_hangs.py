@@ -120,7 +120,8 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
         seen = wait_until(lambda: (s := status())["stalled"] and s, 20, interval_s=0.2,
                           what=f"the {child} stall named in status")
         assert f"policy/{child}" in seen["stalled"] and seen["watchdog"].startswith(f"stalled: policy/{child}")
-        wait_until(lambda: status()["stalls_healed"] == healed, 40, what=f"the {child} stall healed")
+        wait_until(lambda: (s := status())["stalls_healed"] == healed
+                   and s["restarts"].get(f"root/model.policy/{child}") == 1, 40, what=f"the {child} stall healed")
         data = status()
         assert data["restarts"].get(f"root/model.policy/{child}") == 1 and data["stalls_detected"] == healed
         after = pids()[f"root/model.policy/{child}"]

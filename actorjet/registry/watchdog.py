@@ -8,11 +8,19 @@ and no progress for ``stall_s`` → the child is named in status (``stalled``), 
 crashed on purpose so its supervisor restarts it; when a new incarnation reports, the stall
 counts as healed.
 
+A learner's batches come through its model's engine and gateway (rollouts, then the
+merger's collection of the recorded calls), so while either of those is stalled the learner
+is starved, not stuck: it is not blamed, and its quiet time starts again when they heal.
+(Found in CI: a blocked gateway also got an innocent learner restarted, which costs a
+rewind to its last checkpoint.)
+
 Plain state, no thespian: ``progress`` takes a report, ``check`` returns who to crash.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+UPSTREAM = {"learner": ("engine", "gateway")}     # kind → the kinds of the same model it waits on
 
 
 @dataclass
@@ -46,14 +54,22 @@ class Watchdog:
         self.seen.pop(who, None)
 
     def check(self, now: float) -> list[tuple[str, object, str]]:
-        """(who, address, reason) of every child newly found stalled."""
+        """(who, address, reason) of every child newly found stalled.  Upstream children are
+        judged first, so a learner starved by them in the same moment is not blamed."""
         out = []
-        for who, s in self.seen.items():
+        order = sorted(self.seen, key=lambda who: who.rpartition("/")[2] in UPSTREAM)
+        for who in order:
+            s = self.seen[who]
+            model, _, kind = who.rpartition("/")
+            if any(f"{model}/{up}" in self.stalled for up in UPSTREAM.get(kind, ())):
+                s.since = now                  # starved by a stalled engine or gateway: not its fault
+                continue
             quiet = now - s.since
-            if s.waiting and quiet > self.stall_s and who not in self.stalled:
-                self.stalled[who] = now
-                self.detected += 1
-                out.append((who, s.address, f"stalled: no progress for {quiet:.0f} s with {s.waiting} waiting"))
+            if not (s.waiting and quiet > self.stall_s and who not in self.stalled):
+                continue
+            self.stalled[who] = now
+            self.detected += 1
+            out.append((who, s.address, f"stalled: no progress for {quiet:.0f} s with {s.waiting} waiting"))
         return out
 
     def status(self, now: float) -> dict:
