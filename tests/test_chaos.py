@@ -105,8 +105,10 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, network
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # it still learns: held-out greedy accuracy (512 problems; the learner evaluates at its
     # start, after its restart, and at the end) rises.  Sampled reward over 40 small steps is
-    # too noisy to show it reliably (a run once gave thirds of 0.28 and 0.26).  Final accuracy
-    # over 10 runs: 0.42–0.58 from 0.32.
+    # too noisy to show it reliably (a run once gave thirds of 0.28 and 0.26).  The margin is
+    # set from `python bench/spread.py chaos` from the shipped checkpoint (0.318): gains of
+    # +16.8…+24.0 points over 6 runs on a quiet machine and +12.3…+21.1 over 4 runs beside a
+    # busy process (bench/results/spread_chaos*.json), so +5 is 7 points below the worst run.
     evals = [r["accuracy"] for r in rows if r["kind"] == "eval"]
     assert len(evals) >= 2 and evals[-1] > evals[0] + 0.05, evals
     print("faults:", faults, "aborted:", data["aborted_by_cause"], "groups:", g)

@@ -1,0 +1,100 @@
+"""How much learning results vary from run to run: the basis of every learning margin in the
+tests and of the figures docs/quickstart.md quotes.
+
+    python bench/spread.py quickstart --runs 10 [--load 1]
+    python bench/spread.py chaos --runs 10 [--load 1]
+
+``quickstart`` runs `actorjet quickstart` (150 steps from the shipped checkpoint);
+``chaos`` runs tests/test_chaos.py's training-under-faults test (40 steps while runners,
+a node, the merger and the learner are killed).  Each run's held-out accuracy at its first
+and last evaluation is read from its metrics.jsonl.  ``--load N`` keeps N busy processes
+running beside it (a machine shared with other work).  Prints a table and writes
+bench/results/spread_<what>[_load<N>].json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from common import table, write  # noqa: E402
+
+CHAOS_TEST = "tests/test_chaos.py::test_training_survives_killed_runners_node_merger_and_learner"
+
+
+def _busy() -> None:
+    while True:
+        pass
+
+
+def evals_of(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r["accuracy"] for r in rows if r.get("kind") == "eval"]
+
+
+def one_run(what: str, tmp: Path) -> dict:
+    t0 = time.time()
+    if what == "quickstart":
+        run_dir = tmp / "run"
+        out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "quickstart", "--run-dir", str(run_dir)],
+                             capture_output=True, text=True, timeout=1800, cwd=REPO)
+    else:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", CHAOS_TEST,
+                              "--basetemp", str(tmp / "pt")], capture_output=True, text=True, timeout=1800, cwd=REPO)
+        run_dir = next((tmp / "pt").glob("*/run"), tmp / "missing")
+    evals = evals_of(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return {"ok": out.returncode == 0, "first": evals[0] if evals else None, "last": evals[-1] if evals else None,
+            "seconds": round(time.time() - t0, 1), "tail": "" if out.returncode == 0 else out.stdout[-400:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=("quickstart", "chaos"))
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--load", type=int, default=0, help="busy processes running beside each run (default 0)")
+    args = ap.parse_args()
+    hogs = [mp.Process(target=_busy, daemon=True) for _ in range(args.load)]
+    for h in hogs:
+        h.start()
+    runs = []
+    try:
+        for i in range(args.runs):
+            with tempfile.TemporaryDirectory(prefix="aj-spread-") as tmp:
+                r = one_run(args.what, Path(tmp))
+            runs.append(r)
+            print(f"run {i + 1}/{args.runs}: {r}", flush=True)
+    finally:
+        for h in hogs:
+            h.kill()
+    done = [r for r in runs if r["last"] is not None]
+    gains = [r["last"] - r["first"] for r in done]
+    rows = [(f"{i + 1}", "yes" if r["ok"] else "NO", f"{100 * r['first']:.1f}%" if r["first"] is not None else "-",
+             f"{100 * r['last']:.1f}%" if r["last"] is not None else "-",
+             f"{100 * (r['last'] - r['first']):+.1f}" if r["last"] is not None else "-", f"{r['seconds']:.0f}")
+            for i, r in enumerate(runs)]
+    table(rows, ("run", "passed", "accuracy first", "accuracy last", "gain (points)", "seconds"))
+    summary = {"runs": len(runs), "passed": sum(r["ok"] for r in runs)}
+    if done:
+        summary.update(last_min=min(r["last"] for r in done), last_median=statistics.median(r["last"] for r in done),
+                       last_max=max(r["last"] for r in done), gain_min=min(gains), gain_median=statistics.median(gains),
+                       gain_max=max(gains))
+        print(f"last accuracy {100 * summary['last_min']:.1f}% … {100 * summary['last_max']:.1f}% "
+              f"(median {100 * summary['last_median']:.1f}%); gain {100 * summary['gain_min']:+.1f} … "
+              f"{100 * summary['gain_max']:+.1f} points")
+    write(f"spread_{args.what}" + (f"_load{args.load}" if args.load else ""),
+          {"what": args.what, "load": args.load, "runs": runs, "summary": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
