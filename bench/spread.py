@@ -2,12 +2,15 @@
 tests and of the figures docs/quickstart.md quotes.
 
     python bench/spread.py quickstart --runs 10 [--load 1]
-    python bench/spread.py chaos --runs 10 [--load 1]
+    python bench/spread.py chaos|smoke|hosts --runs 10 [--load 1]
 
-``quickstart`` runs `actorjet quickstart` (150 steps from the shipped checkpoint);
-``chaos`` runs tests/test_chaos.py's training-under-faults test (40 steps while runners,
-a node, the merger and the learner are killed).  Each run's held-out accuracy at its first
-and last evaluation is read from its metrics.jsonl.  ``--load N`` keeps N busy processes
+``quickstart`` runs `actorjet quickstart` (150 steps from the shipped checkpoint); the
+others run the tests that assert learning, as they are: ``chaos`` (tests/test_chaos.py,
+40 steps while runners, a node, the merger and the learner are killed), ``smoke``
+(tests/test_training.py, a 30-step quickstart) and ``hosts`` (tests/test_hosts.py, 30 steps
+fed by runners on another host).  Each run's held-out accuracy at its first and last
+evaluation, and its mean sampled reward over the last 10 steps minus the first 10, are read
+from its metrics.jsonl.  ``--load N`` keeps N busy processes
 running beside it (a machine shared with other work).  Prints a table and writes
 bench/results/spread_<what>[_load<N>].json.
 """
@@ -29,7 +32,11 @@ sys.path.insert(0, str(HERE))
 
 from common import table, write  # noqa: E402
 
-CHAOS_TEST = "tests/test_chaos.py::test_training_survives_killed_runners_node_merger_and_learner"
+TESTS = {   # name → (test, its run directory below the test's tmp_path)
+    "chaos": ("tests/test_chaos.py::test_training_survives_killed_runners_node_merger_and_learner", "run"),
+    "smoke": ("tests/test_training.py::test_quickstart_smoke_reward_rises", "qs"),
+    "hosts": ("tests/test_hosts.py::test_runners_on_another_host_train_and_client_mode_from_a_third", "run"),
+}
 
 
 def _busy() -> None:
@@ -37,9 +44,12 @@ def _busy() -> None:
         pass
 
 
-def evals_of(run_dir: Path) -> list[float]:
+def learning_of(run_dir: Path) -> tuple[list[float], float | None]:
+    """(held-out accuracies in order, last-10-steps minus first-10-steps mean sampled reward)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r["accuracy"] for r in rows if r.get("kind") == "eval"]
+    train = [r["reward_mean"] for r in rows if r.get("kind") == "train" and r.get("reward_mean") is not None]
+    reward_gain = sum(train[-10:]) / 10 - sum(train[:10]) / 10 if len(train) >= 20 else None
+    return [r["accuracy"] for r in rows if r.get("kind") == "eval"], reward_gain
 
 
 def one_run(what: str, tmp: Path) -> dict:
@@ -49,17 +59,19 @@ def one_run(what: str, tmp: Path) -> dict:
         out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "quickstart", "--run-dir", str(run_dir)],
                              capture_output=True, text=True, timeout=1800, cwd=REPO)
     else:
-        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", CHAOS_TEST,
+        test, run_name = TESTS[what]
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test,
                               "--basetemp", str(tmp / "pt")], capture_output=True, text=True, timeout=1800, cwd=REPO)
-        run_dir = next((tmp / "pt").glob("*/run"), tmp / "missing")
-    evals = evals_of(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+        run_dir = next((tmp / "pt").glob(f"*/{run_name}"), tmp / "missing")
+    evals, reward_gain = learning_of(run_dir) if (run_dir / "metrics.jsonl").exists() else ([], None)
     return {"ok": out.returncode == 0, "first": evals[0] if evals else None, "last": evals[-1] if evals else None,
-            "seconds": round(time.time() - t0, 1), "tail": "" if out.returncode == 0 else out.stdout[-400:]}
+            "reward_gain": reward_gain, "seconds": round(time.time() - t0, 1),
+            "tail": "" if out.returncode == 0 else out.stdout[-400:]}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quickstart", "chaos"))
+    ap.add_argument("what", choices=("quickstart", *TESTS))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", type=int, default=0, help="busy processes running beside each run (default 0)")
     args = ap.parse_args()
@@ -80,10 +92,14 @@ def main() -> int:
     gains = [r["last"] - r["first"] for r in done]
     rows = [(f"{i + 1}", "yes" if r["ok"] else "NO", f"{100 * r['first']:.1f}%" if r["first"] is not None else "-",
              f"{100 * r['last']:.1f}%" if r["last"] is not None else "-",
-             f"{100 * (r['last'] - r['first']):+.1f}" if r["last"] is not None else "-", f"{r['seconds']:.0f}")
+             f"{100 * (r['last'] - r['first']):+.1f}" if r["last"] is not None else "-",
+             f"{r['reward_gain']:+.3f}" if r.get("reward_gain") is not None else "-", f"{r['seconds']:.0f}")
             for i, r in enumerate(runs)]
-    table(rows, ("run", "passed", "accuracy first", "accuracy last", "gain (points)", "seconds"))
+    table(rows, ("run", "passed", "accuracy first", "accuracy last", "gain (points)", "reward gain", "seconds"))
     summary = {"runs": len(runs), "passed": sum(r["ok"] for r in runs)}
+    reward_gains = [r["reward_gain"] for r in runs if r.get("reward_gain") is not None]
+    if reward_gains:
+        summary.update(reward_gain_min=min(reward_gains), reward_gain_max=max(reward_gains))
     if done:
         summary.update(last_min=min(r["last"] for r in done), last_median=statistics.median(r["last"] for r in done),
                        last_max=max(r["last"] for r in done), gain_min=min(gains), gain_median=statistics.median(gains),

@@ -93,7 +93,9 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
     wait_until(lambda: status()["training_finished"], 300, interval_s=2, what="30 learner steps")
     evals = wait_until(lambda: len(e := [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]) >= 2 and e,
                        60, what="the final evaluation")
-    assert evals[-1] > evals[0] + 0.05, evals                          # held-out accuracy rises
+    # held-out accuracy rises; `python bench/spread.py hosts`: +14.6…+28.7 points over 10 runs,
+    # 4 of them beside a busy process (spread_hosts*.json), so +5 is 9 points below the worst
+    assert evals[-1] > evals[0] + 0.05, evals
     print("held-out accuracy", evals)
 
 
