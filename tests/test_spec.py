@@ -60,7 +60,9 @@ def test_a_good_tree_loads_and_round_trips():
     ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
      'child_kind = "warp"\n', "t.toml:6: field 'child_kind': unknown actor kind 'warp'"),
     ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
-     'child_kind = "runner"\ncount = -1\n', "field 'count': must be a whole number >= 0"),
+     'child_kind = "runner"\ncount = -1\n', "field 'count': must be a whole number from 0"),
+    ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
+     'child_kind = "runner"\ncount = 10000000\n', "to 4096, got 10000000"),
     ('id = "root"\n[[children]]\nid = "r"\nkind = "supervisor"\nstrategy = "simple_one_for_one"\n'
      'child_kind = "runner"\n[[children.children]]\nid = "x"\nkind = "probe"\n',
      "a simple_one_for_one supervisor declares no children"),

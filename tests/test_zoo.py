@@ -62,3 +62,11 @@ def test_a_rebuild_that_differs_is_told_apart(tmp_path):
 def test_only_the_shipped_seed_can_be_checked():
     with pytest.raises(UserError, match="only seed 0 ships"):
         zoo.check_rebuild(seed=7)
+
+
+@pytest.mark.parametrize("argv, says", [(["tiny-arith", "x", "--rebuild"], "usage:"), (["tiny-arith"], "usage:"),
+                                         (["tiny-judge", "0", "--rebuild"], "only tiny-arith has")])
+def test_the_rebuild_command_answers_a_mistake_in_one_line(argv, says):
+    out = subprocess.run([sys.executable, "-m", "actorjet.serving.zoo", *argv], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr

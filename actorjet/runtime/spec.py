@@ -19,6 +19,7 @@ RESTART_TYPES = ("permanent", "transient", "temporary")
 STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one", "simple_one_for_one")
 CHILD_KEYS = {"id", "kind", "restart", "args", "placement", "registry"}
 PLACEMENT_KEYS = {"node", "gpus", "cpus"}
+MAX_DYNAMIC = 4096     # count of a simple_one_for_one supervisor: each child is a process
 SUPERVISOR_KEYS = {"strategy", "max_restarts", "period_s", "backoff_initial_s",
                    "backoff_max_s", "children", "child_kind", "count"}
 
@@ -160,8 +161,9 @@ def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
             kinds.resolve(child_kind)
         except UserError as e:
             raise loc.error(cid, "child_kind", str(e)) from None
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise loc.error(cid, "count", f"must be a whole number >= 0 (0: one per slot), got {count!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_DYNAMIC:
+            raise loc.error(cid, "count", f"must be a whole number from 0 (one per slot) to {MAX_DYNAMIC}, "
+                            f"got {count!r}")
         if data.get("children"):
             raise loc.error(cid, "children", "a simple_one_for_one supervisor declares no children: "
                             "it makes them from child_kind")

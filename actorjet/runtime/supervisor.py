@@ -72,8 +72,8 @@ class Supervisor(ManagedActor):
                                   for i in range(self.spec.count)]
             self.waiting = [c.id for c in self.spec.children]
             self.since: dict[str, float] = {}      # dynamic child → when its incarnation started (wall)
-        for child in self.spec.children:
-            if not self.dynamic:
+        else:
+            for child in self.spec.children:
                 self._start(child)
         self._subscribe_nodes()
 
@@ -118,9 +118,10 @@ class Supervisor(ManagedActor):
             self._subscribe_nodes()        # a restarted registry has no subscribers
 
     # -- dynamic children (simple_one_for_one) ----------------------------------------------
-    def _start_dynamic(self, child: ChildSpec, node_id: str | None = None) -> None:
-        """Start on ``node_id``, or on the live node with the most free slots; else wait."""
-        node_id = node_id or self.placed_on.get(child.id)
+    def _start_dynamic(self, child: ChildSpec) -> None:
+        """Start on the node it belongs to, or (count mode) on the live node with the most
+        free slots; else wait."""
+        node_id = self.placed_on.get(child.id)
         if node_id is None or node_id not in self.nodes or self._free_slots(node_id) <= 0:
             free = [(self._free_slots(n), n) for n in self.nodes if self._free_slots(n) > 0]
             node_id = max(free)[1] if free and self.spec.count else None

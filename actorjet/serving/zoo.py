@@ -243,8 +243,14 @@ def main(argv: list[str]) -> int:
     def report(done, total):
         print(f"progress {done} {total}", flush=True)
 
+    if len(argv) not in (2, 3) or not argv[1].isdigit() or argv[2:] not in ([], ["--rebuild"]):
+        print("usage: python -m actorjet.serving.zoo SOURCE SEED  (SEED a whole number >= 0)\n"
+              "       python -m actorjet.serving.zoo tiny-arith 0 --rebuild", file=sys.stderr)
+        return 2
     try:
-        if argv[2:] == ["--rebuild"] and argv[0] == "tiny-arith":
+        if argv[2:] == ["--rebuild"]:
+            if argv[0] != "tiny-arith":
+                raise UserError("--rebuild checks the shipped checkpoint, which only tiny-arith has")
             rebuilt, diff = check_rebuild(int(argv[1]), report)
             if diff["identical"]:
                 print(f"rebuilt {rebuilt}: identical to the shipped checkpoint, bit for bit")
