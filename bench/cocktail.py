@@ -70,7 +70,7 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
                       "aborted_by_cause": t["aborted_by_cause"]} for name, t in after["tasks"].items()}
         out["learner_steps_per_s"] = after["models"][0]["learner_step"] / (time.time() - t0 + 1e-9)
         if mix == "strict":
-            db = sqlite3.connect(tmp / label / "run" / "ledger.sqlite")
+            db = sqlite3.connect(tmp / label / "run" / "episodes-policy.sqlite")
             rows = db.execute("SELECT task_name, COUNT(*) FROM groups WHERE trained_step IS NOT NULL "
                               "GROUP BY task_name").fetchall()
             total = sum(n for _, n in rows)

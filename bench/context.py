@@ -8,7 +8,7 @@ Workloads are synthetic token streams shaped like real episodes (sizes scaled pe
 to its context length), plus one recorded from real episodes through the gateway.
 A learner step trains a batch of episodes, as in a real run (``EPISODES`` per model: 16
 on the tiny model like the recorded workload; fewer on SmolLM2 to keep the unmerged
-baseline affordable on a CPU), packed with the merger's own limit of 4096 tokens per
+baseline affordable on a CPU), packed with the learner's own limit of 4096 tokens per
 tree.  Timing one episode per step would mostly measure the fixed cost of a step.
 Writes bench/results/context.json.
 """
@@ -30,7 +30,7 @@ from common import table, write  # noqa: E402
 
 SCALE = {"tiny-arith": 1, "smollm2-135m": 4}          # token sizes × this (tiny: 256 positions)
 EPISODES = {"tiny-arith": 16, "smollm2-135m": 1}      # episodes per learner step
-TREE_MAX_TOKENS = 4096                                # as in actorjet/actors/merger.py
+TREE_MAX_TOKENS = 4096                                # as BatchConfig.max_tokens (rl/batching.py)
 
 
 def batch(make, episodes: int, rng) -> list:
@@ -105,7 +105,7 @@ def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
         for e in range(n_episodes):
             task = next(multiturn.tasks(e))
             multiturn.behavior(task, LLM({"m": server.url + "/v1"}, signing.mint_key("bench", f"r{e}")))
-        recorded = gw.store.collect([f"r{e}" for e in range(n_episodes)])
+        recorded = gw.store.calls([f"r{e}" for e in range(n_episodes)])
     finally:
         server.stop()
         engine.close()

@@ -4,7 +4,7 @@
 
 Baseline: one process, same model, batch (groups × 8), task, learning rate and seed:
           direct batched sampling with the learner's own weights, rewards, GRPO step.
-Swarm:    embedded head + 2 runner processes, gateway, merger, learner; steady-state
+Swarm:    embedded head + 2 runner processes, engine, gateway, learner; steady-state
           seconds per step, run twice with the same task and prompts:
             plain   the agent calls the gateway with http.client (bench/plain_http_agents.py)
                     — what the swarm itself adds;
@@ -14,7 +14,7 @@ Swarm:    embedded head + 2 runner processes, gateway, merger, learner; steady-s
             hosts   the plain agent with its 2 runners on a joined node in another network
                     namespace (own address, veth + bridge; tests/hosts.py, needs root): the
                     same 2 cores, so the row shows the network path's cost, not extra CPU.
-          CPU seconds per step of every swarm process (engine, gateway, learner, merger,
+          CPU seconds per step of every swarm process (engine, gateway, learner,
           registry, runners) show where the time goes.
 Target:   swarm step ≤ 1.5x the baseline step.  Writes bench/results/overhead[-MODEL].json.
 """
@@ -43,7 +43,7 @@ from actorjet.runtime import system  # noqa: E402
 GROUP_SIZE, LR, SEED = 8, 1e-4, 0
 TASKS = {"tiny-arith": "agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
 PLAIN = {"agents.arithmetic": "plain_http_agents:arithmetic", "digits_task": "plain_http_agents:digits"}
-ACTORS = ["registry", "merger", "model.policy/engine", "model.policy/gateway", "model.policy/learner",
+ACTORS = ["registry", "model.policy/engine", "model.policy/gateway", "model.policy/learner",
           "runners/runner-head-0", "runners/runner-head-1"]
 
 

@@ -6,7 +6,7 @@ tests and of the figures docs/quickstart.md quotes.
 
 ``quickstart`` runs `actorjet quickstart` (150 steps from the shipped checkpoint); the
 others run the tests that assert learning, as they are: ``chaos`` (tests/test_chaos.py,
-40 steps while runners, a node, the merger and the learner are killed), ``smoke``
+40 steps while runners, a node, the gateway and the learner are killed), ``smoke``
 (tests/test_training.py, a 30-step quickstart) and ``hosts`` (tests/test_hosts.py, 30 steps
 fed by runners on another host).  Each run's held-out accuracy at its first and last
 evaluation, and its mean sampled reward over the last 10 steps minus the first 10, are read
@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE))
 from common import table, write  # noqa: E402
 
 TESTS = {   # name → (test, its run directory below the test's tmp_path)
-    "chaos": ("tests/test_chaos.py::test_training_survives_killed_runners_node_merger_and_learner", "run"),
+    "chaos": ("tests/test_chaos.py::test_training_survives_killed_runners_node_gateway_and_learner", "run"),
     "smoke": ("tests/test_training.py::test_quickstart_smoke_reward_rises", "qs"),
     "hosts": ("tests/test_hosts.py::test_runners_on_another_host_train_and_client_mode_from_a_third", "run"),
 }

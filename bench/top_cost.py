@@ -5,7 +5,7 @@
 Each round starts a head on the quickstart's job twice, once with ``--watchers`` pollers
 doing exactly what `actorjet top` does (cli/top.py's Poller: the door's status endpoint,
 once a second) and once without, in alternating order.  It compares the learner's median
-step time (steps after the fifth) and the CPU seconds per step of the registry, merger and
+step time (steps after the fifth) and the CPU seconds per step of the registry and
 learner processes.  Prints a table and writes bench/results/top_cost.json.  Target: at most
 2% more step time.
 
@@ -49,7 +49,7 @@ def quickstart_job(steps: int) -> str:
     return tiny_arith(steps, group_size=8, groups_per_step=32, runner_concurrency=64,
                       model="checkpoint_every = 1000\nmax_batch = 256")
 
-WATCHED = ("root/registry", "root/merger", "root/model.policy/learner")
+WATCHED = ("root/registry", "root/model.policy/learner")
 
 
 def start_head(tmp: Path, steps: int):
@@ -206,7 +206,7 @@ def main() -> int:
                       "polls": sum(r["polls"] for r in rs)} for mode, rs in runs.items()}
     rows, changes = [], {}
     for key, label in (("step_time_median_s", "learner step time (median)"),
-                       ("cpu_s_per_step", "CPU of registry+merger+learner per step")):
+                       ("cpu_s_per_step", "CPU of registry+learner per step")):
         paired = [w[key] / a[key] - 1 for w, a in zip(runs["watched"], runs["alone"])]   # round by round
         mean, half = mean_ci(paired)
         changes[key] = {"mean": mean, "ci95": half, "per_round": paired}

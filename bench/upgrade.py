@@ -170,7 +170,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
     for upload in (dict(good, blob=b"\x80\x04X."), sign_upload("other", "arithmetic", b"\x80\x04N.", ""), b"\x80\x04N."):
         r = asys.ask(registry, m.Upgrade(upload), 10)
         refused += int(isinstance(r, m.UpgradeReply) and not r.ok)
-    time.sleep(3)       # let the last groups reach the merger
+    time.sleep(3)       # let the last groups finish
     data = get()
     pushes = [p for p in data["upgrades"] if p["version"] in tag_of_version]
     runner_s = [max(p["acked_s"].values()) for p in pushes if p["acked_s"]]

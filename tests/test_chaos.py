@@ -1,4 +1,4 @@
-"""Chaos: a real training run on two joined nodes while runners, a whole node, the merger
+"""Chaos: a real training run on two joined nodes while runners, a whole node, the gateway
 and the learner are killed and the agent's environment raises and hangs.  Training reaches
 its steps, every group is accounted for, nothing is trained twice, and held-out accuracy still rises.
 The head and every node run on their own host (a network namespace, tests/hosts.py)."""
@@ -35,7 +35,7 @@ runner_concurrency = 16
 """
 
 
-def test_training_survives_killed_runners_node_merger_and_learner(swarm, network, tmp_path):
+def test_training_survives_killed_runners_node_gateway_and_learner(swarm, network, tmp_path):
     """Every node is its own host (network namespace); node a dies with all its processes."""
     swarm.env.update(AJ_FLAKY_RAISE="0.05", AJ_FLAKY_HANG="0.01", AJ_FLAKY_HANG_S="20")
     (tmp_path / "job.toml").write_text(JOB)
@@ -56,8 +56,8 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, network
 
     after(3, "kill a runner")
     os.kill(pid_of("runners/runner-b-0"), signal.SIGKILL)
-    after(8, "kill the merger")
-    os.kill(pid_of("merger"), signal.SIGKILL)
+    after(8, "kill the gateway")          # it writes the episode store: nothing it wrote may be lost
+    os.kill(pid_of("model.policy/gateway"), signal.SIGKILL)
     after(13, "kill the learner")
     os.kill(pid_of("model.policy/learner"), signal.SIGKILL)
     after(18, "kill node a")
@@ -68,31 +68,35 @@ def test_training_survives_killed_runners_node_merger_and_learner(swarm, network
 
     wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what=f"{STEPS} learner steps")
     # Quiescent before counting: runners still finish the groups they hold when training ends
-    # (no new leases then), and a group is counted finished ~20 ms before it is in the ledger.
+    # (no new leases then).
     snapshot = {}
 
     def quiet() -> bool:
         snapshot.update(status())
-        g = snapshot["groups"]
-        return g["leases_open"] == 0 and g["groups_unacknowledged"] == 0
-    wait_until(quiet, 60, interval_s=0.5, what="no lease open and every finished group stored")
+        return snapshot["groups"]["leases_open"] == 0
+    wait_until(quiet, 60, interval_s=0.5, what="no lease open")
     data = snapshot
     assert data["models"][0]["learner_step"] == STEPS
     assert data["restarts"].get("root/model.policy/learner", 0) >= 1
-    assert data["restarts"].get("root/merger", 0) >= 1
+    assert data["restarts"].get("root/model.policy/gateway", 0) >= 1
     assert data["nodes_lost"] >= 1
 
-    # every finished group is in the ledger, trained or pending; none twice
-    db = sqlite3.connect(run / "ledger.sqlite")
-    finished, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups").fetchone()
+    # every finished group is complete in the model's episode store, trained or pending, whole
+    db = sqlite3.connect(run / "episodes-policy.sqlite")
+    finished, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups "
+                                   "WHERE complete_at IS NOT NULL").fetchone()
     assert finished == data["groups"]["finished"]
     assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
-    episode_ids = [e for (rewards,) in db.execute("SELECT rewards FROM groups") for e in json.loads(rewards)]
-    # the counters in status agree with the ledger (a rewound group is not counted twice)
-    (trained_episodes,) = db.execute("SELECT COUNT(*) FROM groups, json_each(groups.rewards) "
-                                     "WHERE trained_step IS NOT NULL").fetchone()
+    members = db.execute("SELECT COUNT(DISTINCT e.member), COUNT(c.episode_id) FROM groups g JOIN episodes e "
+                         "USING (group_id) LEFT JOIN (SELECT DISTINCT episode_id FROM calls) c USING (episode_id) "
+                         "WHERE g.complete_at IS NOT NULL GROUP BY g.group_id").fetchall()
+    assert members and all(n == 8 for n, _ in members)                    # whole groups
+    assert all(with_calls >= 8 for _, with_calls in members)              # each with its recorded calls
+    # the counters in status agree with the store (a rewound group is not counted twice)
+    (trained_episodes,) = db.execute("SELECT COUNT(DISTINCT group_id || '/' || member) FROM episodes WHERE "
+                                     "group_id IN (SELECT group_id FROM groups WHERE trained_step IS NOT NULL)"
+                                     ).fetchone()
     assert data["episodes"]["trained"] == trained_episodes <= data["episodes"]["completed"]
-    assert len(episode_ids) == len(set(episode_ids)) == finished * 8       # whole groups, no duplicates
     logged = [json.loads(line)["group_id"] for line in (run / "groups.jsonl").read_text().splitlines()]
     assert len(logged) == len(set(logged)) == finished
     # every lease is accounted for: finished, dropped with a cause, or still open

@@ -63,10 +63,10 @@ def test_batches_follow_the_mixing_weights_and_tasks_change_while_training(swarm
     run, head, status = start(swarm, network, tmp_path, w_healthy=3.0, w_other=1.0, other="minor",
                               other_behavior="agents.arithmetic:behavior", mix="strict")
     wait_until(lambda: status()["models"][0]["learner_step"] >= 8, 240, interval_s=1, what="8 steps")
-    db = sqlite3.connect(run / "ledger.sqlite")
-    per_batch = {}
-    for batch, task in db.execute("SELECT batch, task_name FROM groups WHERE trained_step IS NOT NULL"):
-        per_batch.setdefault(batch, []).append(task)
+    db = sqlite3.connect(run / "episodes-policy.sqlite")
+    per_batch = {}          # one batch per learner step
+    for step, task in db.execute("SELECT trained_step, task_name FROM groups WHERE trained_step IS NOT NULL"):
+        per_batch.setdefault(step, []).append(task)
     assert sum(len(v) for v in per_batch.values()) * 8 >= 200          # ≥ 200 episodes trained
     for tasks in per_batch.values():                                     # strict: every batch is 6 + 2
         assert sorted(tasks).count("healthy") == 6 and tasks.count("minor") == 2, tasks

@@ -199,7 +199,7 @@ def test_real_multi_turn_episodes_through_the_gateway_merge_exactly(model):
     try:
         for e in range(4):
             multiturn.behavior(next(multiturn.tasks(e)), LLM({"m": server.url + "/v1"}, signing.mint_key("test", f"r{e}")))
-        recorded = gw.store.collect([f"r{e}" for e in range(4)])
+        recorded = gw.store.calls([f"r{e}" for e in range(4)])
     finally:
         server.stop()
         engine.close()

@@ -17,8 +17,7 @@ def make_desk(group_size=2, retries=1, timeout=60.0) -> EpisodeDesk:
            "tasks": [{"name": "t", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior",
                       "weight": 1.0}]}
     desk = EpisodeDesk({"job": job, "token": TOKEN, "run_dir": None}, epoch=1)
-    for model, kind, address in (("policy", "gateway", "gw"), ("policy", "learner", "learner"),
-                                 ("", "merger", "merger")):
+    for model, kind, address in (("policy", "gateway", "gw"), ("policy", "learner", "learner")):
         desk.on_ServiceUp(m.ServiceUp(model, kind, f"http://{address}", address), None)
     desk.runners = [{"id": "r", "placed": True}, {"id": "r2", "placed": True}]
     return desk
@@ -47,15 +46,16 @@ def closed(out) -> list[str]:
     return [e for msg in sent(out, m.CloseEpisodes, to="gw") for e in msg.episode_ids]
 
 
-def test_a_failed_member_is_run_again_and_the_group_is_only_sent_whole():
+def test_a_failed_member_is_run_again_in_its_place_and_the_group_finishes_whole():
     desk = make_desk()
     first = lease(desk)
+    assert (first["members"], first["group_size"]) == ([0, 1], 2)    # what the runner stores rewards under
     out = desk.on_GroupResult(result(first, ok=lambda k: k == 0), "r")
-    assert sent(out, m.GroupDone) == [] and closed(out) == [first["episodes"][1]["episode_id"]]
+    assert closed(out) == [first["episodes"][1]["episode_id"]] and desk.counters.groups_finished == 0
     retry = lease(desk, "r2")
     assert retry["group_id"] == first["group_id"] and [e["episode_id"] for e in retry["episodes"]] == ["g1_1.1r1"]
-    (done,) = sent(desk.on_GroupResult(result(retry), "r2"), m.GroupDone, to="merger")
-    assert [e["episode_id"] for e in done.group["episodes"]] == ["g1_1.0", "g1_1.1r1"]
+    assert retry["members"] == [1]                                   # the retry takes the failed member's place
+    assert desk.on_GroupResult(result(retry), "r2") == []           # the stores have its rewards already
     c = desk.counters
     assert (c.requeued, c.abort_causes, c.completed, c.groups_finished) == (1, {"behavior error": 1}, 2, 1)
     assert c.completed_by_runner == {"r": 1, "r2": 1}
@@ -84,23 +84,13 @@ def test_expired_leases_are_requeued_and_late_results_rejected():
     for stored in desk.leases.leases.values():
         stored["deadline"] = time.time() - 1
     assert len(closed(desk.tick())) == 2
-    assert sent(desk.on_GroupResult(result(first), "r"), m.GroupDone) == []    # the slow runner answers after all
+    desk.on_GroupResult(result(first), "r")          # the slow runner answers after all: rejected
+    assert desk.counters.groups_finished == 0
     again = lease(desk, "r2")
-    assert len(sent(desk.on_GroupResult(result(again), "r2"), m.GroupDone)) == 1
+    desk.on_GroupResult(result(again), "r2")
     c = desk.counters
     assert (c.late_results, c.completed, c.requeued, c.groups_finished) == (1, 2, 2, 1)
     assert desk.status_counts()["groups"]["late_results_rejected"] == 1
-
-
-def test_unacknowledged_groups_go_to_a_restarted_merger_again():
-    desk = make_desk()
-    first = lease(desk)
-    assert len(sent(desk.on_GroupResult(result(first), "r"), m.GroupDone, to="merger")) == 1
-    again = desk.on_ServiceUp(m.ServiceUp("", "merger", "http://merger2", "merger2"), None)
-    assert len(sent(again, m.GroupDone, to="merger2")) == 1                   # sent, then sent again
-    desk.on_GroupStored(m.GroupStored([first["group_id"]]), "merger2")
-    again = desk.on_ServiceUp(m.ServiceUp("", "merger", "http://merger3", "merger3"), None)
-    assert sent(again, m.GroupDone) == [] and len(sent(again, m.Directory)) == 0   # nobody subscribed yet
 
 
 def test_client_mode_groups_and_the_counts_they_move():
@@ -109,9 +99,9 @@ def test_client_mode_groups_and_the_counts_they_move():
         desk.on_ClientEvent(m.ClientEvent({"event": "open", "episode_id": f"c{k}", "group": "G", "group_size": 2}), "gw")
     assert desk.counters.in_flight == 2
     assert desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c0", "reward": 1.0}), "gw") == []
-    (done,) = sent(desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c1", "reward": 0.0}), "gw"),
-                   m.GroupDone, to="merger")
-    assert done.group["group_id"] == "c_G" and [e["reward"] for e in done.group["episodes"]] == [1.0, 0.0]
+    assert desk.counters.groups_finished == 0
+    assert desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c1", "reward": 0.0}), "gw") == []
+    assert desk.counters.groups_finished == 1        # the gateways' stores hold the group (test_store.py)
     desk.on_ClientEvent(m.ClientEvent({"event": "open", "episode_id": "c9"}), "gw")
     assert closed(desk.on_ClientEvent(m.ClientEvent({"event": "abort", "episode_id": "c9"}), "gw")) == ["c9"]
     c = desk.counters

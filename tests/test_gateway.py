@@ -46,7 +46,7 @@ def test_chat_completion_is_recorded_with_tokens_and_logprobs(served):
         model="tiny", messages=[{"role": "user", "content": "12+30="}], max_tokens=4, temperature=0)
     text = reply.choices[0].message.content
     assert reply.usage.prompt_tokens == 6 and reply.usage.completion_tokens >= 1
-    calls = gw.store.collect(["ep1"])["ep1"]
+    calls = gw.store.calls(["ep1"])["ep1"]
     assert len(calls) == 1
     call = calls[0]
     assert call["prompt_ids"] == gw.tokenizer("12+30=")["input_ids"]
@@ -64,7 +64,7 @@ def test_n_seed_stop_and_role_header(served):
                                   n=4, seed=7, max_tokens=4, temperature=1.0)
     assert [x.message.content for x in a.choices] == [x.message.content for x in b.choices]
     assert len(a.choices) == 4
-    calls = gw.store.collect(["ep2"])["ep2"]
+    calls = gw.store.calls(["ep2"])["ep2"]
     assert len(calls) == 8 and {c["role"] for c in calls} == {"solver"}
     s = client(server, "ep2b").chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "45+45="}], max_tokens=4, temperature=0, stop=["0"])
@@ -83,7 +83,7 @@ def test_streaming_replays_the_recorded_answer(served):
     assert text == plain.choices[0].message.content
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
     assert chunks[-1].usage.completion_tokens >= 1
-    assert len(gw.store.collect(["ep3"])["ep3"]) == 2
+    assert len(gw.store.calls(["ep3"])["ep3"]) == 2
 
 
 def test_multi_turn_conversation_runs_unchanged(served):
@@ -94,7 +94,7 @@ def test_multi_turn_conversation_runs_unchanged(served):
         reply = c.chat.completions.create(model="tiny", messages=history, max_tokens=3, temperature=0)
         history += [{"role": "assistant", "content": reply.choices[0].message.content},
                     {"role": "user", "content": f"{turn}+1="}]
-    assert len(gw.store.collect(["ep4"])["ep4"]) == 3
+    assert len(gw.store.calls(["ep4"])["ep4"]) == 3
 
 
 def test_completions_and_models_endpoints(served):
@@ -132,14 +132,16 @@ def test_keys_closed_episodes_and_raw_http_errors(served):
     forged = openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key("other-secret", "e9"), max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         forged.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
-    gw.store.collect(["ep7"])        # the merger collected it: the episode is closed
+    gw.store.close(["ep7"])          # the registry closed it (failed, expired or aborted)
     with pytest.raises(openai.ConflictError):
         client(server, "ep7").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}])
     status, body = http(server.url + "/v1/chat/completions", raw=b"{not json",
                         headers={"Authorization": f"Bearer {signing.mint_key(SECRET, 'ep8')}"})
     assert status == 400 and body["error"]["message"]
-    status, _ = http(server.url + "/internal/collect", {"episodes": []})
-    assert status == 403
+    status, body = http(server.url + "/v1/actorjet/results", {"group": {"group_id": "g1", "size": 1},
+                                                             "episodes": [{"episode_id": "g1.0", "api_key": "sk-x",
+                                                                           "member": 0, "reward": 1.0}]})
+    assert status == 403 and "api_key" in body["error"]["message"]      # a reward needs its episode's key
     status, body = http(server.url + "/v1/chat/completions", raw=b" " * (17 * 1024 * 1024),   # over 16 MiB
                         headers={"Authorization": f"Bearer {signing.mint_key(SECRET, 'ep8')}"})
     assert status == 413 and "too large" in body["error"]["message"].lower(), body
@@ -164,7 +166,7 @@ def test_tools_are_accepted_and_recorded(served):
     reply = client(server, "ep9").chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "1+1="}], tools=tools, max_tokens=3, temperature=0)
     assert reply.choices[0].finish_reason in ("stop", "length")
-    assert gw.store.collect(["ep9"])["ep9"][0]["tools"] == tools
+    assert gw.store.calls(["ep9"])["ep9"][0]["tools"] == tools
     with pytest.raises(openai.BadRequestError):
         client(server, "ep10").chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "1+1="}], tools=[{"type": "function"}])

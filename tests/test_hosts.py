@@ -164,9 +164,6 @@ id = "registry"
 kind = "registry"
 registry = true
 [[children]]
-id = "merger"
-kind = "merger"
-[[children]]
 id = "model.policy"
 kind = "supervisor"
 placement = { node = "modelbox" }      # the model's engine, gateway and learner live there
@@ -220,6 +217,7 @@ def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm,
     box_run = next(Path(box_home).glob("nodes/modelbox/runs/*"))
     assert sorted(p.name for p in (box_run / "checkpoints" / "policy").iterdir()) == ["step_000006", "step_000012"]
     assert not (run / "weights").exists() and not (run / "checkpoints").exists()    # the head holds no model
+    assert (box_run / "episodes-policy.sqlite").exists() and not list(run.glob("episodes-*.sqlite"))   # nor its store
     rows = metrics(run)                                                  # metrics reach the head
     assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, 13))
     evals = wait_until(lambda: len(e := [r for r in metrics(run) if r["kind"] == "eval"]) >= 3 and e, 60,

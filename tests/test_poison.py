@@ -65,7 +65,7 @@ json_values = st.recursive(
     max_leaves=12)
 FIELDS = ["model", "messages", "prompt", "temperature", "top_p", "n", "max_tokens", "max_completion_tokens",
           "stop", "seed", "stream", "logprobs", "top_logprobs", "stream_options", "tools", "tool_choice",
-          "reward", "task", "group", "group_size", "presence_penalty", "user", "response_format"]
+          "reward", "task", "group", "group_size", "episodes", "presence_penalty", "user", "response_format"]
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "bot"]) | json_values,
                                  "content": st.text(max_size=12) | json_values})
 bodies = st.one_of(
@@ -79,7 +79,7 @@ bodies = st.one_of(
 raw_bodies = st.binary(max_size=64) | st.sampled_from([b"", b"{", b"\xff\xfe", b'{"a":' * 300, b"[" * 5000,
                                                        b'{"model": "tiny", "messages": [{"role": "user", "content": NaN}]}'])
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/actorjet/episodes", "/v1/actorjet/episodes/EP/end",
-         "/v1/actorjet/episodes/EP/abort", "/internal/collect"]
+         "/v1/actorjet/episodes/EP/abort", "/v1/actorjet/results"]
 
 
 def _check(status, body):
@@ -243,19 +243,21 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
     assert http(end, {"reward": 1.0}, auth)[0] == 200
 
     # 2. poison deeper down (a group stored before rewards were checked): quarantined, training goes on
-    db = sqlite3.connect(run / "ledger.sqlite", timeout=30)
+    db = sqlite3.connect(run / "episodes-policy.sqlite", timeout=30)
     call = {"prompt_ids": [5, 6], "completion_ids": [7], "logprobs": [-0.1], "weight_version": 0, "role": "default",
             "model": "policy", "temperature": 1.0, "call_index": 0, "choice": 0, "messages": [], "params": {}}
-    db.execute("INSERT INTO groups (group_id, model, task_name, behavior, version, rewards, calls, stored_at) "
-               "VALUES ('poison-1', 'policy', 'arithmetic', 'arithmetic', 1, ?, ?, 0)",
-               (json.dumps({"e1": "high", "e2": 0.0}), json.dumps({"e1": [call], "e2": [call]})))
-    db.commit()
+    with db:
+        db.execute("INSERT INTO groups (group_id, task_name, behavior, version, size, complete_at) "
+                   "VALUES ('poison-1', 'arithmetic', 'arithmetic', 1, 2, 0)")
+        for k, reward in enumerate(("high", 0.0)):
+            db.execute("INSERT INTO episodes VALUES (?, 'poison-1', ?, ?, 0)", (f"poison-1.{k}", str(k), json.dumps(reward)))
+            db.execute("INSERT INTO calls VALUES (?, 0, 0, ?)", (f"poison-1.{k}", json.dumps(call)))
     before = step()
     wait_until(lambda: status()["groups"]["quarantined"] >= 1, 60, what="the poisoned group quarantined")
     wait_until(lambda: step() >= before + 3, 120, interval_s=0.5, what="3 more learner steps")
     (cause,) = db.execute("SELECT quarantine FROM groups WHERE group_id = 'poison-1'").fetchone()
     assert "invalid reward" in json.loads(cause)["cause"]
-    assert status()["restarts"].get("root/merger", 0) == 0             # no crash, so no crash loop
+    assert status()["restarts"].get("root/model.policy/learner", 0) == 0   # no crash, so no crash loop
 
     # 3. an aborted episode's key is refused at once; an expired one (never ended) after lease_timeout_s
     info, llm = open_episode()
@@ -269,15 +271,15 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
         llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
     assert refused.value.status_code == 409
 
-    # 4. when the swarm is quiet, the gateway holds no calls at all: stored ones were released,
-    #    failed, aborted and expired ones freed
+    # 4. when the swarm is quiet, the gateway holds nothing in memory for any episode: finished
+    #    ones are in the store, failed, aborted and expired ones closed
     wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="14 learner steps")
-    wait_until(lambda: (g := status()["groups"])["leases_open"] == 0 and g["groups_unacknowledged"] == 0, 60,
-               what="no lease open, every finished group stored")
+    wait_until(lambda: status()["groups"]["leases_open"] == 0, 60, what="no lease open")
     assert status()["aborted_by_cause"].get("behavior error", 0) > 0           # failed episodes happened
-    # nothing else lost: every group the registry finished is in the ledger (plus the planted
-    # poison), each trained, pending or quarantined
-    finished, trained, bad = db.execute("SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups").fetchone()
+    # nothing else lost: every group the registry finished is complete in the store (plus the
+    # planted poison), each trained, pending or quarantined
+    finished, trained, bad = db.execute("SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups "
+                                        "WHERE complete_at IS NOT NULL").fetchone()
     assert finished == status()["groups"]["finished"] + 1 and bad == 1 and trained > 0
     wait_until(lambda: http(base + "/healthz", method="GET")[1]["open_episodes"] == 0, 30,
                what="no recorded calls left in the gateway")

@@ -45,7 +45,7 @@ def test_multi_turn_chat_with_streaming_on_a_real_chat_template(served):
     streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     again = c.chat.completions.create(model="smollm2", messages=history, max_tokens=12, temperature=0)
     assert streamed == again.choices[0].message.content and streamed
-    calls = gw.store.collect(["chat1"])["chat1"]
+    calls = gw.store.calls(["chat1"])["chat1"]
     assert len(calls) == 3
     # the second call's prompt starts with the first call's prompt: tokens are the truth
     assert calls[1]["prompt_ids"][:len(calls[0]["prompt_ids"])] == calls[0]["prompt_ids"]

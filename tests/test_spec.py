@@ -41,6 +41,8 @@ def test_a_good_tree_loads_and_round_trips():
 
 @pytest.mark.parametrize("text,expected", [
     ('id = "root"\n[[children]]\nid = "x"\nkind = "nope"\n', "t.toml:4: field 'kind': unknown actor kind 'nope'"),
+    ('id = "root"\n[[children]]\nid = "merger"\nkind = "merger"\n',      # a tree written before issue 14
+     "t.toml:4: field 'kind': actor kind 'merger' no longer exists"),
     ('id = "root"\n[[children]]\nid = "x"\nkind = "probe"\nrestart = "sometimes"\n',
      "t.toml:5: field 'restart': must be one of permanent"),
     ('id = "root"\nstrategy = "all_for_one"\n', "t.toml:2: field 'strategy'"),

@@ -30,13 +30,14 @@ def test_two_models_train_on_their_own_calls_and_both_learn(swarm, network, tmp_
     wait_until(lambda: [m["learner_step"] for m in status()["models"]] == [STEPS, STEPS], 600, interval_s=1,
                what=f"{STEPS} steps of both learners")
 
-    db = sqlite3.connect(run / "ledger.sqlite")
     seen = {}
-    for model, calls in db.execute("SELECT model, calls FROM groups"):
-        for episode_calls in json.loads(calls).values():
-            for call in episode_calls:
-                assert call["model"] == model and call["role"] == model      # only its own calls
-                seen.setdefault(model, set()).update(call["prompt_ids"] + call["completion_ids"])
+    for model in ("proposer", "verifier"):          # one episode store per model, with its own calls
+        db = sqlite3.connect(run / f"episodes-{model}.sqlite")
+        assert db.execute("SELECT COUNT(trained_step) FROM groups").fetchone()[0] >= STEPS
+        for (record,) in db.execute("SELECT record FROM calls"):
+            call = json.loads(record)
+            assert call["model"] == model and call["role"] == model      # only its own calls
+            seen.setdefault(model, set()).update(call["prompt_ids"] + call["completion_ids"])
     assert max(seen["proposer"]) < TINY_VOCAB < max(seen["verifier"])        # two different tokenizers
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -70,8 +71,8 @@ def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swar
     data = status()
     assert [m["name"] for m in data["models"]] == ["proposer"]          # one learner
     assert "gateway" in data["services"]["verifier"]                     # the judge is served
-    models = {m for (m,) in sqlite3.connect(run / "ledger.sqlite").execute("SELECT model FROM groups")}
-    assert models == {"proposer"}
+    assert sorted(p.name for p in run.glob("episodes-*.sqlite")) == ["episodes-proposer.sqlite"]   # a frozen
+    # judge keeps no store: nothing trains on its calls
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert train and all(r["model"] == "proposer" and r["groups"] == 4 for r in train)

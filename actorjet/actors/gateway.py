@@ -1,5 +1,8 @@
 """The gateway actor: runs one model's OpenAI-compatible gateway and relays its events.
 
+It opens the model's episode store on this node (serving/episode_store.py): the gateway
+writes every call and every finished episode's reward there; the learner reads it.
+
 The HTTP server lives in a thread; control-plane traffic (client-mode episode events to
 the registry, the engine's address from the registry's directory) goes through this
 actor's thespian mailbox.  Events are handed from the HTTP thread through a queue that a
@@ -16,6 +19,8 @@ import aiohttp
 from thespian.actors import WakeupMessage
 
 from actorjet.job import model_config_here
+from actorjet.runtime import endpoints
+from actorjet.serving import episode_store
 from actorjet.serving.engine import GenRequest, GenResult
 from actorjet.serving.gateway import EngineUnavailable, GatewayApp
 from actorjet.serving.openai_api import ApiError
@@ -97,10 +102,16 @@ class Gateway(ManagedActor):
         self.backend = HttpEngineBackend(self.context["token"])
         self.events: queue.Queue = queue.Queue()
         self.base_urls: dict[str, str] = {}
+        self.trainable_urls: dict[str, str] = {}
+        trainable = {m["name"] for m in job["models"] if m.get("trainable", True)}
+        self.trainable = trainable
+        self.store = episode_store.EpisodeStore(
+            episode_store.path_for(endpoints.local_run_dir(self.context), self.model)) if cfg["trainable"] else None
         max_len = int(getattr(AutoConfig.from_pretrained(cfg["path"]), "max_position_embeddings", 2048))
         self.app = GatewayApp(self.model, tokenizer, self.backend, self.context["token"], max_len,
                               default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
-                              directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]))
+                              directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]),
+                              store=self.store, peers=lambda: dict(self.trainable_urls))
         # bound to this node's address and advertised as reachable from other hosts; a
         # restarted gateway comes back on the same port (runtime/endpoints.py)
         self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"], tls=True)
@@ -120,10 +131,11 @@ class Gateway(ManagedActor):
         engine = msg.services.get(self.model, {}).get("engine")
         self.backend.url = engine["url"] if engine else None
         self.base_urls = {name: s["gateway"]["url"] for name, s in msg.services.items() if "gateway" in s}
+        self.trainable_urls = {k: v for k, v in self.base_urls.items() if k in self.trainable}
 
     def receiveMsg_CloseEpisodes(self, msg: m.CloseEpisodes, sender):
         """Episodes that will never be trained: refuse their keys, free their calls."""
-        self.app.store.collect([e for e in msg.episode_ids if isinstance(e, str)], close=True, read=False)
+        self.app.store.close([e for e in msg.episode_ids if isinstance(e, str)])
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         while True:
@@ -146,3 +158,5 @@ class Gateway(ManagedActor):
     def on_stop(self) -> None:
         if getattr(self, "server", None):
             self.server.stop()
+        if getattr(self, "store", None):
+            self.store.close_db()

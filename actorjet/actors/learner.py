@@ -1,34 +1,42 @@
-"""The learner actor: one per trainable model.  Batches in, weight versions out.
+"""The learner actor: one per trainable model.  It pulls batches from its model's episode
+store and turns them into weight versions.
 
-Loop, top to bottom:  BatchReady → Claim its groups at the merger (which holds the ledger)
-→ Claimed → fetch the batch over HTTP → drop sampled tokens staler than ``max_staleness``
-versions → one GRPO step → save weights as version v+1 → tell the engine (LoadWeights) and
-the registry (Trained, and the metrics line) → every ``eval_every`` steps a held-out
-evaluation, every ``checkpoint_every`` steps a checkpoint.
-Weights and checkpoints live on the learner's own node (its model subtree may be placed on
-a GPU node); nothing here reads a file of the head's.  A (re)started learner first tells
-the merger where it resumes (Rewind) and claims nothing before the answer.
+Loop, top to bottom:  a prefetch thread claims the next batch's groups from the store
+(``next_batch``: task quotas, credit, packing — rl/batching.py) while the current step
+trains → drop sampled tokens staler than ``max_staleness`` versions → one GRPO step → mark
+the groups trained at this step → save weights as version v+1 → tell the engine
+(LoadWeights) and the registry (Trained, the metrics line, the store's counts) → every
+``eval_every`` steps a held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
+The store, the weights and the checkpoints are on the learner's own node (its model subtree
+may be placed on a GPU node); nothing here reads a file of the head's.  A (re)started
+learner rewinds the store to its checkpoint and simply pulls again.
 A frozen model (``trainable = false``) gets no learner in the tree.
 """
 from __future__ import annotations
 
-import io
 import json
+import queue
+import threading
 import time
-import urllib.request
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from actorjet.job import model_config_here
 from actorjet.serving.evaluate import eval_spec, greedy_accuracy
-from actorjet.rl import exact_attention
-from actorjet.serving import threads
+from actorjet.serving.openai_api import render_prompt
+from actorjet.serving import episode_store, threads
+from actorjet.rl import align, exact_attention, pack
+from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
+
+POLL_S = 0.02        # how often the actor looks for a prefetched batch
+IDLE_S = 0.05        # the prefetch thread's pause when no batch is ready in the store
 
 
 def save_weights(model, path: Path) -> None:
@@ -63,15 +71,27 @@ class Learner(ManagedActor):
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
-        self.merger = None
-        self.rewound = False          # the merger knows where this learner resumes
-        self.queue: list[m.BatchReady] = []
-        self.claiming: m.BatchReady | None = None
-        self.duplicates_skipped = 0
         self._resume()
+        self.store = episode_store.EpisodeStore(episode_store.path_for(self.run_dir, self.model_name))
+        pending = self.store.rewind(self.step)
+        if pending:
+            log.info("%s resumes at step %d: %d groups taken or trained after it are pending again",
+                     self.model_name, self.step, pending)
+        self.batching = BatchConfig(self.model_name, self.cfg.get("groups_per_step") or self.train_cfg["groups_per_step"],
+                                    merge=merge_mode(self.cfg), mix=self.train_cfg.get("mix", "fill"),
+                                    fill_after_s=float(self.train_cfg.get("fill_after_s", 0.5)),
+                                    prepare=self._prepare)
         self.evals = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
+        self._send_counts()
+        self.ready: queue.Queue = queue.Queue(maxsize=1)     # the prefetched batch
+        self.pulled = self.step            # batches taken (trained, training or prefetched)
+        self.directory = threading.Event()      # task weights known: only then are batches mixed
+        self.stopping = threading.Event()
+        self.prefetcher = threading.Thread(target=self._prefetch, name=f"prefetch.{self.model_name}", daemon=True)
+        self.prefetcher.start()
+        self.wakeupAfter(timedelta(seconds=POLL_S))
 
     def _load_kwargs(self) -> dict:
         """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
@@ -83,7 +103,7 @@ class Learner(ManagedActor):
 
     def _resume(self) -> None:
         """After a crash (learner or head): continue from the last checkpoint.  Groups trained
-        after it were lost with the weights that saw them, so the ledger makes them pending
+        after it were lost with the weights that saw them, so the episode store makes them pending
         again; the resumed weights are published under a new version, newer than anything
         the engine may still serve."""
         checkpoints = sorted((self.run_dir / "checkpoints" / self.model_name).glob("step_*/state.json"))
@@ -110,11 +130,8 @@ class Learner(ManagedActor):
         self._announce()
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
-        merger = msg.services.get("", {}).get("merger")
-        merger = merger["address"] if merger else None
-        if merger is not None and merger != self.merger and not self.rewound:
-            self.send(merger, m.Rewind(self.model_name, self.step))
-        self.merger = merger
+        self.batching.weights = {t: v["weight"] for t, v in msg.tasks.items() if v.get("state") == "active"}
+        self.directory.set()
         engine = msg.services.get(self.model_name, {}).get("engine")
         address = engine["address"] if engine else None
         if address is not None and address != self.engine and self.version > 0:
@@ -122,46 +139,71 @@ class Learner(ManagedActor):
             self.send(address, m.LoadWeights(self.version, str(self.weights_dir / f"v{self.version:06d}.safetensors")))
         self.engine = address
 
-    def receiveMsg_Rewound(self, msg: m.Rewound, sender):
-        if not self.rewound:
-            log.info("%s: the merger resumes it at step %d (%d groups pending again)", self.model_name,
-                     self.step, msg.groups)
-        self.rewound = True
-        self._claim_next()
+    # -- the pull ----------------------------------------------------------------------------
+    def _prefetch(self) -> None:
+        """Claim and pack the next batch while the actor trains the current one (a thread:
+        packing overlaps the optimizer step).  A failure no group explains is handed to the
+        actor, which crashes on it: its supervisor restarts the learner, which pulls again."""
+        self.directory.wait()
+        while not self.stopping.is_set():
+            if self.pulled >= self.train_cfg["steps"]:
+                self.stopping.wait(IDLE_S)
+                continue
+            try:
+                batch = next_batch(self.store, self.batching)
+            except Exception as e:  # noqa: BLE001 - handed to the actor (see above)
+                batch = e
+            if batch is None:
+                self.stopping.wait(IDLE_S)
+                continue
+            if isinstance(batch, dict) and batch["samples"] is not None:
+                self.pulled += 1
+            while not self.stopping.is_set():
+                try:
+                    self.ready.put(batch, timeout=0.2)
+                    break
+                except queue.Full:
+                    pass
+            if isinstance(batch, Exception):
+                return
 
-    def receiveMsg_BatchReady(self, msg: m.BatchReady, sender):
-        self.queue.append(msg)
-        self._claim_next()
+    def receiveMsg_WakeupMessage(self, msg, sender):
+        try:
+            batch = self.ready.get_nowait()
+        except queue.Empty:
+            batch = None
+        if isinstance(batch, Exception):
+            raise RuntimeError(f"{self.model_name}: building a batch failed: {batch}") from batch
+        if batch is not None:
+            for group_id, cause in batch["quarantined"]:
+                self._quarantined(group_id, cause)
+            if batch["quarantined"]:
+                self._send_counts()
+            if batch["samples"] is not None and self.step < self.train_cfg["steps"]:
+                self._train(batch)
+        self.wakeupAfter(timedelta(seconds=0 if batch is not None else POLL_S))
 
-    def _claim_next(self) -> None:
-        """One batch at a time: claim it at the merger, train it when the claim holds."""
-        if self.claiming is not None or not self.queue or not self.rewound or self.merger is None:
-            return
-        if self.step >= self.train_cfg["steps"]:
-            self.queue.clear()
-            return
-        self.claiming = self.queue.pop(0)
-        self.send(self.merger, m.Claim(self.model_name, self.claiming.group_ids, self.step + 1, self.claiming.url))
+    def _prepare(self, calls: list) -> dict:
+        """Token-level repairs before merging (they need this model's tokenizer)."""
+        tok, counts = self.tokenizer, {}
+        if self.cfg.get("merge_ignore_tools"):
+            counts["tools_unified"] = align.unify_tools(calls, lambda msgs, tools: render_prompt(tok, msgs, tools))
+        if self.cfg.get("merge_match") == "text":
+            counts["text_aligned"] = align.align_text(calls, lambda ids: tok.decode(
+                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+        counts["drift_repairs"] = pack.repair_drift(calls, lambda ids: tok.decode(ids, skip_special_tokens=True))
+        return counts
 
-    def receiveMsg_Claimed(self, msg: m.Claimed, sender):
-        batch, self.claiming = self.claiming, None
-        if batch is None or batch.url != msg.url:
-            return
-        if not msg.ok:
-            self.duplicates_skipped += 1     # its groups were re-batched and trained already
-            log.warning("%s: batch %s skipped: some of its groups were trained already", self.model_name, msg.url)
-        else:
-            self._train(batch)
-        self._claim_next()
+    def _quarantined(self, group_id: str, cause: str) -> None:
+        log.error("%s: group %s quarantined: %s", self.model_name, group_id, cause)
+        self.send(self.registry, m.Quarantined(self.model_name, group_id, cause))
 
-    def _fetch(self, url: str) -> dict:
-        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.context['token']}"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return torch.load(io.BytesIO(resp.read()), weights_only=False)
+    def _send_counts(self) -> None:
+        self.send(self.registry, m.StoreCounts(self.model_name, self.store.counts()))
 
-    def _train(self, msg: m.BatchReady) -> None:
+    def _train(self, batch: dict) -> None:
         t0 = time.perf_counter()
-        batch = self._fetch(msg.url)
+        stats, group_ids = batch["stats"], batch["group_ids"]
         samples, stale = [], 0
         floor = self.version - self.train_cfg["max_staleness"]
         for s in batch["samples"]:          # drop sampled tokens that are too old, keep the rest
@@ -175,11 +217,16 @@ class Learner(ManagedActor):
             info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
                 if samples else {"tokens": 0, "sequences": 0, "skipped": True}
         except (BadBatch, ValueError, IndexError, TypeError) as e:   # the data's fault, not the learner's
-            log.error("%s: batch %s cannot be trained (%s); its groups are quarantined", self.model_name, msg.url, e)
-            self.send(self.merger, m.Quarantine(self.model_name, list(msg.group_ids), f"learner: {type(e).__name__}: {e}"))
+            log.error("%s: a batch cannot be trained (%s); its groups are quarantined", self.model_name, e)
+            for group_id in group_ids:
+                self.store.quarantine(group_id, f"learner: {type(e).__name__}: {e}")
+                self._quarantined(group_id, f"learner: {type(e).__name__}: {e}")
+            self.pulled -= 1
+            self._send_counts()
             return
         t_publish = time.perf_counter()
         self.step += 1
+        self.store.trained(group_ids, self.step)
         self.version += 1
         path = self.weights_dir / f"v{self.version:06d}.safetensors"
         save_weights(self.model, path)
@@ -188,22 +235,22 @@ class Learner(ManagedActor):
         old = self.weights_dir / f"v{self.version - 3:06d}.safetensors"
         old.unlink(missing_ok=True)
         done = self.step >= self.train_cfg["steps"]
-        tasks = {t: v["groups"] for t, v in msg.stats.get("by_task", {}).items()}
+        tasks = {t: v["groups"] for t, v in stats.get("by_task", {}).items()}
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
-                  "reward_mean": msg.stats.get("reward_mean"), "groups": msg.groups,
-                  "episodes": msg.stats.get("episodes"), "zero_variance_groups": msg.stats.get("zero_variance_groups"),
+                  "reward_mean": stats.get("reward_mean"), "groups": len(group_ids),
+                  "episodes": stats.get("episodes"), "zero_variance_groups": stats.get("zero_variance_groups"),
                   "stale_tokens_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
                   "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
                   "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
-                  "batch_wait_s": time.time() - msg.stats.get("created", time.time()),
-                  "duplicate_batches_skipped": self.duplicates_skipped,
+                  "batch_wait_s": time.time() - stats.get("created", time.time()),
                   **{k: v for k, v in info.items() if k != "skipped"}}
-        record.update({k: msg.stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
+        record.update({k: stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
                                                   "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
                                                   "tools_unified", "text_aligned",
-                                                  "by_behavior", "by_task") if k in msg.stats})
+                                                  "by_behavior", "by_task") if k in stats})
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
-        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, msg.groups, done, tasks))
+        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks))
+        self._send_counts()
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate()
         if self.step % self.cfg["checkpoint_every"] == 0 or done:
@@ -229,6 +276,13 @@ class Learner(ManagedActor):
         self.tokenizer.save_pretrained(out)
         torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))
+
+    def on_stop(self) -> None:
+        if getattr(self, "stopping", None) is not None:
+            self.stopping.set()
+            self.prefetcher.join(timeout=5)
+        if getattr(self, "store", None) is not None:
+            self.store.close_db()
 
     def info(self) -> dict:
         return {"path": self.path, "step": getattr(self, "step", None), "version": getattr(self, "version", None)}

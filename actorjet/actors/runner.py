@@ -7,7 +7,9 @@ instead of running twice.
 
 Episodes run in a thread pool (agent code mostly waits on HTTP), so one runner keeps
 ``runner_concurrency`` episodes in flight while its actor stays responsive: a short
-wakeup loop collects finished groups, reports them, and asks for more work.
+wakeup loop collects finished groups, has a reporter thread store their rewards in every
+model's episode store (runner/results.py), reports them to the registry, and asks for more
+work.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from thespian.actors import WakeupMessage
 
 from actorjet.rl.rewards import failed
 from actorjet.runner.episode import load_behavior, run_episode
+from actorjet.runner.results import store_results
 from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -50,6 +53,8 @@ class AgentRunner(ManagedActor):
         self.concurrency = int(train.get("runner_concurrency", 8))
         self.group_size = int(train.get("group_size", 1))
         self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="episode")
+        self.reporter = ThreadPoolExecutor(2, thread_name_prefix="report")
+        self.reporting: dict[str, Future] = {}          # lease id → its results, once stored
         self.behaviors: dict[str, dict[int, object]] = {}   # name → {version: function}
         self.current: dict[str, int] = {}                    # name → version new leases get
         self.groups: dict[str, tuple[dict, list[Future]]] = {}
@@ -208,11 +213,16 @@ class AgentRunner(ManagedActor):
                 if r.get("error"):
                     log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])
                 r.pop("traceback", None)
-            self.episodes_done += len(results)
-            self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
+            self.reporting[lease_id] = self.reporter.submit(store_results, lease, results)
+        for lease_id, stored in list(self.reporting.items()):
+            if stored.done():
+                del self.reporting[lease_id]
+                results = stored.result()
+                self.episodes_done += len(results)
+                self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
         self._check_health()
         self._ask_for_work()
-        if self.groups or self.canaries or not self.waiting_for_leases:
+        if self.groups or self.canaries or self.reporting or not self.waiting_for_leases:
             self._poll_soon()
 
     def _check_health(self) -> None:
@@ -252,6 +262,8 @@ class AgentRunner(ManagedActor):
     def on_stop(self) -> None:
         for worker in getattr(self, "workers", {}).values():
             worker.close()
+        if getattr(self, "reporter", None):
+            self.reporter.shutdown(wait=False, cancel_futures=True)
         if getattr(self, "pool", None):
             self.pool.shutdown(wait=False, cancel_futures=True)
             # Interpreter exit joins the pool's threads; a hung behavior would keep this process

@@ -37,7 +37,7 @@ def _say(text: str) -> None:
 
 def add_start(sub) -> None:
     p = sub.add_parser("start", help="start the head node (convention leader) and the supervisor tree",
-                       description="Start the head: registry, models, merger and the runners' supervisor, as "
+                       description="Start the head: registry, models and the runners' supervisor, as "
                        "declared in the supervisor tree.  Prints the exact `actorjet join` command "
                        "for other machines.  Starting again on the same --run-dir resumes the run "
                        "(same join token; members rejoin by themselves).")

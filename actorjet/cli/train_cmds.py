@@ -1,6 +1,6 @@
 """`actorjet quickstart`: the whole swarm on one machine, training tiny-arith on addition.
 
-An embedded head (registry, merger, engine, gateway, learner) plus runner processes on
+An embedded head (registry, engine, gateway, learner) plus runner processes on
 the head's own slots.  The agent (agents/arithmetic.py) talks to the gateway through the
 `openai` SDK exactly as it would to any OpenAI-compatible server.
 """

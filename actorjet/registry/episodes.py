@@ -10,7 +10,9 @@ it must know of the registry (placed runners, restart counts) is handed to it.
 from __future__ import annotations
 
 import importlib
+import json
 import time
+from pathlib import Path
 from collections import deque
 
 from actorjet import metrics
@@ -95,7 +97,7 @@ class EpisodeDesk:
         self.client_groups: dict[str, list] = {}     # client-mode group → ended episodes
         self.client_open: dict[str, dict] = {}
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
-        self.ledger_counts: dict[str, dict] = {}     # the merger's ledger counts, per model
+        self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
         self.finished = False
 
     # -- dispatch -----------------------------------------------------------------------
@@ -105,8 +107,7 @@ class EpisodeDesk:
         return {
             m.ServiceUp: self.on_ServiceUp, m.TaskCommand: self.on_TaskCommand,
             m.LeaseRequest: self.on_LeaseRequest, m.GroupResult: self.on_GroupResult,
-            m.GroupStored: self.on_GroupStored, m.RunnerDown: self.on_RunnerDown,
-            m.LedgerCounts: self.on_LedgerCounts, m.Progress: self.on_Progress, m.Metric: self.on_Metric,
+            m.RunnerDown: self.on_RunnerDown, m.StoreCounts: self.on_StoreCounts, m.Progress: self.on_Progress, m.Metric: self.on_Metric,
             m.Trained: self.on_Trained, m.Quarantined: self.on_Quarantined, m.ClientEvent: self.on_ClientEvent,
             m.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
             m.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
@@ -115,18 +116,12 @@ class EpisodeDesk:
         }
 
     def route(self, out: Out) -> Out:
-        """Address the roles the lease desk speaks to: ``gateways`` (each of them), ``merger``.
-        A group for a merger that is not up yet stays unacknowledged: it is sent again when
-        the merger announces itself."""
+        """Address the role the lease desk speaks to: ``gateways`` (each of them)."""
         routed: Out = []
         for to, msg in out:
             if to == "gateways":
                 routed += [(s["gateway"]["address"], msg) for s in self.services.values()
                            if s.get("gateway", {}).get("address") is not None]
-            elif to == "merger":
-                merger = self.services.get("", {}).get("merger")
-                if merger is not None:
-                    routed.append((merger["address"], msg))
             else:
                 routed.append((to, msg))
         return routed
@@ -136,10 +131,7 @@ class EpisodeDesk:
         self.services.setdefault(msg.model, {})[msg.kind] = {"url": msg.url, "address": msg.address}
         if msg.kind == "learner":
             self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
-        out = self._publish()
-        if msg.kind == "merger":
-            out += self.route(self.leases.merger_up())     # a restarted merger gets every unacknowledged group
-        return out
+        return self._publish()
 
     def subscribe(self, sender) -> Out:
         if sender not in self.subscribers:
@@ -242,12 +234,17 @@ class EpisodeDesk:
                 for t in names}
 
     def on_GroupResult(self, msg: m.GroupResult, sender) -> Out:
-        return self.route(self.leases.on_result(msg))
+        out = self.route(self.leases.on_result(msg))
+        self._log_groups()
+        return out
 
-    def on_GroupStored(self, msg: m.GroupStored, sender) -> Out:
-        for group_id in msg.group_ids:
-            self.leases.on_stored(group_id)
-        return []
+    def _log_groups(self) -> None:
+        """RUN_DIR/groups.jsonl: which code produced which finished group, for good."""
+        finished, self.leases.finished = self.leases.finished, []
+        if finished and self.run_dir:
+            now = round(time.time(), 3)
+            with open(Path(self.run_dir) / "groups.jsonl", "a") as f:
+                f.writelines(json.dumps(dict(g, t=now)) + "\n" for g in finished)
 
     def on_RunnerDown(self, msg: m.RunnerDown, sender) -> Out:
         return self.route(self.leases.lost({msg.runner_id}, "runner died"))
@@ -262,8 +259,10 @@ class EpisodeDesk:
                 + self._watch())
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
-    def on_LedgerCounts(self, msg: m.LedgerCounts, sender) -> Out:
-        self.ledger_counts = dict(msg.counts)
+    def on_StoreCounts(self, msg: m.StoreCounts, sender) -> Out:
+        """A learner's counts of its model's episode store (status: episodes.trained)."""
+        if isinstance(msg.counts, dict):
+            self.store_counts[str(msg.model)] = dict(msg.counts)
         return []
 
     def on_Progress(self, msg: m.Progress, sender) -> Out:
@@ -375,16 +374,16 @@ class EpisodeDesk:
         members.append({"episode_id": ev["episode_id"], "reward": ev["reward"]})
         if len(members) < size:
             return []
-        del self.client_groups[group_key]
+        del self.client_groups[group_key]       # complete in the stores already (the gateways wrote it)
         self.counters.groups_issued += 1
-        return self.route(self.leases.finish_external({"group_id": f"c_{group_key}", "task_name": "client",
-                                                       "behavior": "client", "version": 0, "episodes": members}))
+        self.counters.groups_finished += 1
+        return []
 
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:
         c = self.counters
         episodes = c.episodes()
-        episodes["trained"] = max((n.get("episodes_trained", 0) for n in self.ledger_counts.values()), default=0)
+        episodes["trained"] = max((n.get("episodes_trained", 0) for n in self.store_counts.values()), default=0)
         return {"episodes": episodes, "aborted_by_cause": dict(c.abort_causes),
                 "tasks": {name: {**t, "completed": c.completed_by_task.get(name, 0),
                                  "aborted_by_cause": dict(c.abort_by_task.get(name, {}))}

@@ -8,13 +8,13 @@ message, far below thespian's budget), and it is only ever trained whole:
       died / node lost
     retries used up          → the whole group is dropped, with its cause, never trained in part
     late result              → its lease is gone: rejected, logged, counted — never counted twice
-    all members done         → GroupDone to the merger, kept here until the merger says
-                               GroupStored (committed to the ledger); a restarted merger gets
-                               every unacknowledged group again
+    all members done         → finished: counted here; its rewards are in every model's episode
+                               store already (the runner stored them before reporting:
+                               runner/results.py), so nothing is sent anywhere
 
 A plain state object: no actor, no back-pointer.  Each call returns the messages to send, as
-(role, message) pairs — ``"gateways"`` (every gateway) or ``"merger"`` — which the episode
-desk addresses; the counts go to the registry's one Counters object.
+(role, message) pairs — ``"gateways"`` (every gateway) — which the episode desk addresses;
+the counts go to the registry's one Counters object.
 
 New groups are only issued while fewer than ``groups_per_step * (max_staleness + 1)`` are
 untrained: that window bounds how stale a sample can be when the learner sees it.
@@ -50,8 +50,8 @@ class LeaseDesk:
         self.groups: dict[str, dict] = {}       # open groups
         self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, deadline}
         self.retry: deque = deque()             # (group id, members) waiting for a runner
-        self.finishing: dict[str, dict] = {}    # sent to the merger, not yet acknowledged
         self.serial = 0
+        self.finished: list[dict] = []          # finished since the registry last wrote groups.jsonl
 
     def room(self, source, consumed: dict[str, int], sources: list) -> int:
         """A task's room in the pipeline: its own share of the window (the heaviest task gets
@@ -118,7 +118,8 @@ class LeaseDesk:
         self.counters.in_flight += len(members)
         return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
                 "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
-                "episodes": episodes, "timeout_s": self.lease_timeout}
+                "episodes": episodes, "members": list(members), "group_size": self.group_size,
+                "timeout_s": self.lease_timeout}
 
     # -- results --------------------------------------------------------------------------
     def on_result(self, msg: m.GroupResult) -> Out:
@@ -172,24 +173,13 @@ class LeaseDesk:
         return close(closed)
 
     def _finish(self, group: dict) -> Out:
-        done = {"group_id": group["group_id"], "task_name": group["source"], "behavior": group["behavior"],
-                "version": group["version"], "episodes": [group["results"][k] for k in range(self.group_size)]}
         self.groups.pop(group["group_id"], None)
         self.counters.complete(group["source"], self.group_size)
-        return self.finish_external(done)
-
-    def finish_external(self, done: dict) -> Out:
-        """A finished group (also client-mode ones) goes to the merger until acknowledged."""
         self.counters.groups_finished += 1
-        self.finishing[done["group_id"]] = done
-        return [("merger", m.GroupDone(done))]
-
-    def on_stored(self, group_id: str) -> None:
-        self.finishing.pop(group_id, None)
-
-    def merger_up(self) -> Out:
-        """A (re)started merger gets every group it has not acknowledged."""
-        return [("merger", m.GroupDone(done)) for done in self.finishing.values()]
+        self.finished.append({"group_id": group["group_id"], "task_name": group["source"],
+                              "behavior": group["behavior"], "version": group["version"],
+                              "rewards": {r["episode_id"]: r["reward"] for r in group["results"].values()}})
+        return []
 
     # -- failures of runners, nodes and time ---------------------------------------------
     def lost(self, runner_ids: set[str], cause: str) -> Out:
@@ -219,14 +209,15 @@ class LeaseDesk:
 
     def status(self) -> dict:
         return {"issued": self.counters.groups_issued, "leases_open": len(self.leases), "groups_open": len(self.groups),
-                "groups_unacknowledged": len(self.finishing), "retry_queue": len(self.retry)}
+                "retry_queue": len(self.retry)}
 
 
 def _cause(error: str) -> str:
     """The counter an episode's failure goes under (`actorjet status`: aborted_by_cause)."""
     for prefix, cause in (("upgrade abort", "upgrade abort"), ("timeout", "episode timeout"),
                           ("invalid reward", "invalid reward"),
-                          ("runner restarted", "runner restarted"), ("worker died", "task worker died")):
+                          ("runner restarted", "runner restarted"), ("worker died", "task worker died"),
+                          ("store", "reward not stored")):
         if error.startswith(prefix):
             return f"{cause}: {error}"
     return f"behavior error: {error}"

@@ -9,7 +9,7 @@ crashed on purpose so its supervisor restarts it; when a new incarnation reports
 counts as healed.
 
 A learner's batches come through its model's engine and gateway (rollouts, then the
-merger's collection of the recorded calls), so while either of those is stalled the learner
+gateway's writes to the episode store), so while either of those is stalled the learner
 is starved, not stuck: it is not blamed, and its quiet time starts again when they heal.
 (Found in CI: a blocked gateway also got an innocent learner restarted, which costs a
 rewind to its last checkpoint.)

@@ -4,15 +4,22 @@
     merge_mode    the context tracker's packing mode a model supports (``auto``)
     check_call    is a recorded call trainable (ids, one finite logprob per sampled token)?
     credit        each call gets its episode's group-normalized advantage for its model/role
+    next_batch    the learner's pull: claim the next batch's groups from the model's episode
+                  store (quotas per task), credit them, pack them — or quarantine the groups
+                  that cannot be trained
 
-The merger actor (actors/merger.py) calls these; a test can call them on plain dicts.
+A test can call these on plain dicts and an in-memory store; no actor, no HTTP.
 """
 from __future__ import annotations
 
 import json
 import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
+from actorjet.rl import pack
 from actorjet.rl.rewards import bad_reward
 from actorjet.rl.samples import group_advantages, reward_for
 
@@ -89,3 +96,90 @@ def credit(model: str, groups: list[dict]) -> tuple[list, dict]:
         else:
             stats["zero_variance_groups"] += 1
     return calls, stats
+
+
+@dataclass
+class BatchConfig:
+    """What the learner's pull needs to know; ``weights`` (active task → weight) changes
+    while training runs (a cocktail's tasks are added, paused, removed)."""
+    model: str
+    groups: int                                   # groups per batch
+    merge: str = "none"                           # context.merge: none | prefix | tree (pack.py)
+    max_tokens: int = 4096                        # per packed sequence
+    weights: dict = field(default_factory=dict)
+    mix: str = "fill"                             # fill | strict (see compose)
+    fill_after_s: float = 0.5
+    started: float = field(default_factory=time.time)
+    prepare: Callable[[list], dict] | None = None  # tokenizer-level repairs before packing → their counts
+
+
+def compose(store, cfg: BatchConfig, now: float | None = None) -> dict[str, int] | None:
+    """The next batch's share per task (largest remainders of the weights), or None: not yet.
+    ``strict`` waits for every task's share; ``fill`` waits only for tasks that completed a
+    group in the last ``fill_after_s`` and fills the share of a stalled one with the oldest
+    groups of the others, so one task can never starve the learner."""
+    pending = store.pending_by_task()
+    if sum(n for n, _ in pending.values()) < cfg.groups:
+        return None
+    if len(cfg.weights) <= 1:
+        return {}
+    quota = apportion(cfg.groups, cfg.weights)
+    short = [t for t, q in quota.items() if pending.get(t, (0, 0))[0] < q]
+    if short:
+        now = time.time() if now is None else now
+        last = store.last_complete()
+        stalled = all(now - (last.get(t) or cfg.started) > cfg.fill_after_s for t in short)
+        if cfg.mix == "strict" or not stalled:
+            return None
+    return quota
+
+
+def build(groups: list[dict], cfg: BatchConfig) -> dict:
+    """Credit and pack claimed groups: the samples of one training step and their stats."""
+    calls, batch = credit(cfg.model, groups)
+    rewards = batch.pop("rewards")
+    batch["by_task"] = {t: {"groups": v["groups"], "episodes": v["episodes"],
+                            "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
+                        for t, v in batch.get("by_task", {}).items()}
+    batch["by_behavior"] = {tag: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
+                            for tag, v in batch["by_behavior"].items()}
+    repairs = cfg.prepare(calls) if cfg.prepare and cfg.merge != "none" else {}
+    packed = pack.pack(calls, cfg.merge, max_tokens=cfg.max_tokens)
+    stats = {**batch, **pack.stats(calls, packed), "merge": cfg.merge, "sequences": len(packed),
+             "drift_repairs": 0, "tools_unified": 0, "text_aligned": 0, **repairs,
+             "reward_mean": sum(rewards) / max(1, len(rewards)), "created": time.time()}
+    return {"samples": [p.to_dict() for p in packed], "stats": stats,
+            "group_ids": [g["group_id"] for g in groups], "quarantined": []}
+
+
+def next_batch(store, cfg: BatchConfig) -> dict | None:
+    """Claim, credit and pack the next batch, or None if it is not ready.  If building fails,
+    the groups that fail on their own are quarantined with their cause (returned under
+    ``quarantined``; the others go back to pending, and the batch has no samples).  A failure
+    no single group explains is a bug of ours: raised, with every group back to pending."""
+    quota = compose(store, cfg)
+    if quota is None:
+        return None
+    groups = store.take(quota, cfg.groups)
+    ids = [g["group_id"] for g in groups]
+    if len(groups) < cfg.groups:          # another reader took some meanwhile: wait
+        store.untake(ids)
+        return None
+    try:
+        return build(groups, cfg)
+    except Exception as e:  # noqa: BLE001 - judged group by group below
+        culprits = []
+        for group in groups:
+            try:
+                calls, _ = credit(cfg.model, [group])
+                pack.pack(calls, cfg.merge, max_tokens=cfg.max_tokens)
+            except Exception as alone:  # noqa: BLE001 - this group is the poison
+                culprits.append((group, f"{type(alone).__name__}: {alone}"))
+        bad = {g["group_id"] for g, _ in culprits}
+        store.untake([g for g in ids if g not in bad])
+        if not culprits:
+            raise
+        for group, cause in culprits:
+            store.quarantine(group["group_id"], cause, json.dumps(group["rewards"])[:500])
+        return {"samples": None, "stats": {"error": f"{type(e).__name__}: {e}"}, "group_ids": [],
+                "quarantined": [(g["group_id"], cause) for g, cause in culprits]}

@@ -6,7 +6,7 @@
         ...
 
 One key serves every model and role of the episode; the role travels in the
-``X-ActorJet-Role`` header so the merger can credit each role's calls separately.
+``X-ActorJet-Role`` header so the learner can credit each role's calls separately.
 The clients retry 503s from a restarting engine (honouring Retry-After).
 """
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Callable
 from actorjet.errors import UserError
 from actorjet.rl.rewards import failed
 from actorjet.signing import SECRET_ENV
+from actorjet.runner.results import store_results
 from actorjet.runner.episode import load_behavior, run_episode
 
 POLL_S = 0.05
@@ -133,6 +134,7 @@ class OutboundNode:
                     self.hung.append(f)
                     results.append(failed(ep["episode_id"],
                                           f"timeout: still running after {lease.get('timeout_s', 120):g} s"))
+            results = store_results(lease, results)      # in every model's store first (idempotent)
             self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease_id,
                                                 "results": results})
             del self.groups[lease_id]         # only once the head has it: a lost post is retried

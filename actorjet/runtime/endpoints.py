@@ -107,7 +107,7 @@ def server_ssl() -> ssl.SSLContext | None:
 def client_ssl() -> ssl.SSLContext | None:
     """What this node's clients of an https gateway verify it with: the system's roots plus
     ACTORJET_TLS_CA (None: the defaults).  Built once per CA file: loading the system's roots
-    takes milliseconds, and the merger and client mode call this per request."""
+    takes milliseconds, and runners and client mode call this per request."""
     ca = os.environ.get(TLS_CA_ENV)
     return _trusting(ca) if ca else None
 

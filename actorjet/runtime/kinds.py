@@ -13,7 +13,6 @@ KINDS = {
     "supervisor": "actorjet.runtime.supervisor:Supervisor",
     "registry": "actorjet.actors.registry:Registry",
     "runner": "actorjet.actors.runner:AgentRunner",
-    "merger": "actorjet.actors.merger:Merger",
     "engine": "actorjet.actors.engine:Engine",
     "gateway": "actorjet.actors.gateway:Gateway",
     "learner": "actorjet.actors.learner:Learner",
@@ -28,6 +27,9 @@ def names() -> list[str]:
 
 def resolve(kind: str) -> type:
     """Import and return the actor class for ``kind``; UserError if there is none."""
+    if kind == "merger":
+        raise UserError("actor kind 'merger' no longer exists: each learner pulls its batches from its "
+                        "model's episode store. Remove the merger's [[children]] entry from the tree file.")
     target = KINDS.get(kind, kind)
     if ":" not in target:
         raise UserError(f"unknown actor kind {kind!r} (known: {', '.join(names())}, "

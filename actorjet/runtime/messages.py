@@ -200,9 +200,9 @@ class RestartCounts:
 
 @dataclass
 class ServiceUp:
-    """An engine, gateway, learner or merger announces itself to the registry."""
-    model: str            # "" for model-independent services (merger)
-    kind: str             # engine | gateway | learner | merger
+    """An engine, gateway or learner announces itself to the registry."""
+    model: str
+    kind: str             # engine | gateway | learner
     url: str | None
     address: Any
 
@@ -210,7 +210,7 @@ class ServiceUp:
 @dataclass
 class Directory:
     """Registry → subscribers: where every service is, {model: {kind: {url, address}}}, and
-    the task table {name: {weight, state}} (the merger mixes batches by it)."""
+    the task table {name: {weight, state}} (learners mix batches by it)."""
     services: dict
     tasks: dict = field(default_factory=dict)
 
@@ -253,72 +253,19 @@ class GroupResult:
 
 
 @dataclass
-class GroupDone:
-    """Registry → merger: every episode of a GRPO group finished and was recorded."""
-    group: dict                  # {group_id, task_name, behavior, version, episodes: [{episode_id, reward}]}
-
-
-@dataclass
-class BatchReady:
-    model: str
-    url: str                     # where the learner fetches the batch (the merger's HTTP server)
-    groups: int
-    stats: dict
-    group_ids: list = field(default_factory=list)   # the ledger rows the learner claims
-
-
-@dataclass
-class Claim:
-    """Learner → merger, before it trains a batch: mark its groups trained at ``step``.  The
-    ledger lives with the merger; a learner on another node never opens it."""
-    model: str
-    group_ids: list
-    step: int
-    url: str
-
-
-@dataclass
-class Claimed:
-    url: str
-    ok: bool                     # False: some group was trained already (the batch is skipped)
-
-
-@dataclass
-class Rewind:
-    """A (re)started learner → merger: groups trained after its checkpoint's ``step`` are
-    pending again, and so are groups in batches nobody will train.  It claims nothing before
-    the answer, so a rewind can never undo a claim of the new learner."""
-    model: str
-    step: int
-
-
-@dataclass
-class Rewound:
-    model: str
-    groups: int
-
-
-@dataclass
-class Quarantine:
-    """Learner → merger: it could not train on these groups (the step failed on them)."""
-    model: str
-    group_ids: list
-    cause: str
-
-
-@dataclass
 class Quarantined:
-    """Merger → registry: a group left training for good (counted in status and metrics)."""
+    """Learner → registry: a group left training for good (counted in status and metrics)."""
     model: str
     group_id: str
     cause: str
 
 
 @dataclass
-class LedgerCounts:
-    """Merger → registry after every claim, rewind and learner quarantine: per model,
-    ``{"episodes_trained": n}`` as the ledger has it, so status follows the ledger (a rewound
-    group is not counted as trained twice)."""
+class StoreCounts:
+    """Learner → registry after every step and quarantine: its model's episode store counts
+    (``episodes_trained`` …), so status follows the store (a rewound group is not counted as
+    trained twice)."""
+    model: str
     counts: dict
 
 
@@ -352,12 +299,6 @@ class CloseEpisodes:
     """Registry → gateways: these episodes ended without being trained (failed, aborted,
     expired, or their group was dropped): refuse their keys, free their recorded calls."""
     episode_ids: list
-
-
-@dataclass
-class GroupStored:
-    """Merger → registry: the groups are committed to the ledger (safe from any crash now)."""
-    group_ids: list
 
 
 @dataclass

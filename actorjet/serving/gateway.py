@@ -5,9 +5,14 @@ for completions, records every call (ids, logprobs, version, role) under the epi
 its API key belongs to, and answers in OpenAI's format — streaming included, as a replay
 of the recorded answer, so the tokens a client sees are exactly the ones trained on.
 
+Every call is written to the model's episode store (serving/episode_store.py) before its
+answer leaves: the calls of one turn of the event loop in one transaction, in a writer
+thread.  The rewards of finished episodes arrive here too, with the episode keys that prove
+them, and complete the model's GRPO groups; the learner pulls batches from the same store.
+
 Endpoints:  POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /healthz;
-client mode POST /v1/actorjet/episodes[/{id}/end|/abort]; POST /internal/collect
-(``close: false`` to read, then ``release: true`` once the ledger has them).
+POST /v1/actorjet/results (finished episodes, from runners); client mode
+POST /v1/actorjet/episodes[/{id}/end|/abort].
 """
 from __future__ import annotations
 
@@ -15,15 +20,20 @@ import asyncio
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
 
 from actorjet import signing
 from actorjet.serving import openai_api as api
 from actorjet.serving.engine import GenRequest, GenResult, RequestFailed
 from actorjet.serving.openai_api import ApiError
-from actorjet.serving.records import CallRecord, CallStore
+from actorjet.runtime.endpoints import client_ssl
+from actorjet.serving.episode_store import EpisodeStore
+from actorjet.serving.records import CallRecord
+from actorjet.serving.results_api import check_results
 from actorjet.rl.rewards import bad_reward
 from actorjet.signing import bearer_ok
 
@@ -36,12 +46,16 @@ class EngineUnavailable(Exception):
 
 class GatewayApp:
     def __init__(self, model: str, tokenizer, backend: Backend, secret: str, max_len: int,
-                 store: CallStore | None = None, default_max_tokens: int = 256,
+                 store: EpisodeStore | None = None, default_max_tokens: int = 256,
                  outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None,
-                 record: bool = True):
+                 record: bool = True, peers: Callable[[], dict] | None = None):
         self.model, self.tokenizer, self.backend = model, tokenizer, backend
         self.secret, self.max_len = secret, max_len
-        self.store = store or CallStore()
+        self.store = store or EpisodeStore()
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix=f"store.{model}")
+        self._next_flush: asyncio.Future | None = None      # the write the calls added now wait for
+        self._writing = False
+        self.peers = peers or (lambda: {})                  # other trainable gateways (client-mode ends)
         self.default_max_tokens = default_max_tokens
         self.outbox = outbox or (lambda event: None)       # client-mode episode events
         self.directory = directory or (lambda: {})          # model name → gateway base URL
@@ -59,7 +73,7 @@ class GatewayApp:
         app.router.add_get("/healthz", self.health)
         app.router.add_post("/v1/actorjet/episodes", self.open_episode)
         app.router.add_post("/v1/actorjet/episodes/{episode}/{verb}", self.end_episode)
-        app.router.add_post("/internal/collect", self.collect)
+        app.router.add_post("/v1/actorjet/results", self.results)
         return app
 
     def _translate(self, e: Exception) -> ApiError | None:
@@ -142,7 +156,8 @@ class GatewayApp:
         cut = min((text.find(x) for x in stop if x in text), default=-1)
         return text[:cut] if cut >= 0 else text
 
-    def _record(self, episode_id, role, prompt_ids, results, s, messages, tools) -> None:
+    async def _record(self, episode_id, role, prompt_ids, results, s, messages, tools) -> None:
+        """Record the call, and return once it is on disk: a call the agent saw is never lost."""
         if not self.record:
             return
         base = self.store.next_index(episode_id)
@@ -151,6 +166,35 @@ class GatewayApp:
                                    r.completion_ids, r.logprobs, r.weight_version, s.temperature,
                                    messages, tools, params, r.finish_reason)
                         for k, r in enumerate(results)])
+        await self._flushed()
+
+    def _flushed(self) -> asyncio.Future:
+        """One write per turn of the event loop (group commit): every call added before the
+        next write starts waits for that write."""
+        loop = asyncio.get_running_loop()
+        if self._next_flush is None:
+            self._next_flush = loop.create_future()
+            loop.call_soon(self._start_flush)
+        return asyncio.shield(self._next_flush)
+
+    def _start_flush(self) -> None:
+        if self._writing or self._next_flush is None:
+            return             # the write under way starts this one when it is done
+        done, self._next_flush = self._next_flush, None
+        self._writing = True
+
+        def finished(write) -> None:
+            self._writing = False
+            if not done.done():
+                if write.exception() is not None:
+                    done.set_exception(write.exception())
+                else:
+                    done.set_result(None)
+            if self._next_flush is not None:
+                self._start_flush()
+
+        asyncio.get_running_loop().run_in_executor(self.writer, self.store.flush).add_done_callback(
+            lambda f: f.get_loop().call_soon_threadsafe(finished, f))
 
     # -- OpenAI endpoints ----------------------------------------------------------------
     async def chat(self, request):
@@ -165,7 +209,7 @@ class GatewayApp:
             raise ApiError(400, f"the chat template rejected these messages: {e}", "messages") from None
         max_tokens = self._budget(prompt_ids, s)
         results = await self._generate(prompt_ids, s, max_tokens)
-        self._record(episode_id, self._role(request), prompt_ids, results, s, messages, tools)
+        await self._record(episode_id, self._role(request), prompt_ids, results, s, messages, tools)
         choices = []
         for k, r in enumerate(results):
             content, calls = self._text(r, s.stop), []
@@ -245,8 +289,8 @@ class GatewayApp:
             raise ApiError(400, "stream is supported on /v1/chat/completions only", "stream")
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         results = await self._generate(prompt_ids, s, self._budget(prompt_ids, s))
-        self._record(episode_id, self._role(request), prompt_ids, results,
-                     s, [{"role": "prompt", "content": prompt}], None)
+        await self._record(episode_id, self._role(request), prompt_ids, results,
+                           s, [{"role": "prompt", "content": prompt}], None)
         n_out = sum(len(r.completion_ids) for r in results)
         return web.json_response({
             "id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
@@ -271,7 +315,19 @@ class GatewayApp:
         return web.json_response({"ok": True, "model": self.model, "weight_version": self.weight_version,
                                   "open_episodes": self.store.open_episodes()})
 
-    # -- client mode and collection ------------------------------------------------------
+    # -- results and client mode -----------------------------------------------------------
+    async def results(self, request):
+        """Finished episodes of one group, each proven by its own key: their rewards complete
+        the group in this model's store.  A runner posts here before it tells the registry, so
+        an episode the registry counts as finished is on disk.  Closed episodes are refused
+        (named in the answer); the call is idempotent.  A frozen model stores nothing."""
+        group, clean = check_results(await self._json(request), self.secret)
+        if not self.record:
+            return web.json_response({"stored": 0, "refused": []})
+        refused = await asyncio.get_running_loop().run_in_executor(
+            self.writer, self.store.put_results, group, clean)
+        return web.json_response({"stored": len(clean) - len(refused), "refused": refused})
+
     async def open_episode(self, request):
         self._cluster(request)
         body = await self._json(request) if request.can_read_body else {}
@@ -284,12 +340,16 @@ class GatewayApp:
             raise ApiError(400, "'task' is over 100 kB of JSON", "task")
         episode_id = f"c{uuid.uuid4().hex[:16]}"
         key = signing.mint_key(self.secret, episode_id)
+        await asyncio.get_running_loop().run_in_executor(
+            self.writer, self.store.open_client, episode_id, f"c_{group or episode_id}", size)
         self.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
                      "group": body.get("group"), "group_size": body.get("group_size", 1)})
         return web.json_response({"episode_id": episode_id, "api_key": key, "model": self.model,
                                   "base_urls": self.directory()})
 
     async def end_episode(self, request):
+        """A client ends (reward) or aborts its episode.  The reward goes to this model's store
+        and to every other trainable model's, since the episode may have called them too."""
         episode_id, verb = request.match_info["episode"], request.match_info["verb"]
         if verb not in ("end", "abort"):
             raise web.HTTPNotFound()
@@ -301,21 +361,36 @@ class GatewayApp:
         if why:      # NaN, infinity, a string, a nested object: refused here, never a poisoned batch
             raise ApiError(400, f"'reward': {why.removeprefix('invalid reward: ')}; e.g. 1.0 or "
                            "{\"proposer\": 1.0}", "reward")
-        self.outbox({"event": verb, "episode_id": episode_id, "reward": reward})
+        loop = asyncio.get_running_loop()
         if verb == "abort":           # nothing will train on it: refuse its key, free its calls now
-            self.store.collect([episode_id], close=True, read=False)
+            await loop.run_in_executor(self.writer, self.store.close, [episode_id])
+        else:
+            known = await loop.run_in_executor(self.writer, self.store.client_group, episode_id)
+            if known is None:
+                raise ApiError(409, f"episode {episode_id} was opened at another gateway: end it there",
+                               code="wrong_gateway")
+            group = {"group_id": known[0], "size": known[1], "task_name": "client", "behavior": "client",
+                     "version": 0}
+            episode = {"episode_id": episode_id, "member": episode_id, "reward": reward}
+            if self.record:
+                await loop.run_in_executor(self.writer, self.store.put_results, group, [episode])
+            await self._tell_peers(group, dict(episode, api_key=request.headers["Authorization"][7:].strip()))
+        self.outbox({"event": verb, "episode_id": episode_id, "reward": reward})
         return web.json_response({"ok": True})
 
-    async def collect(self, request):
-        self._cluster(request)
-        body = await self._json(request)
-        episodes = body.get("episodes")
-        if not isinstance(episodes, list) or not all(isinstance(e, str) for e in episodes):
-            raise ApiError(400, "'episodes' must be a list of episode ids", "episodes")
-        if body.get("release"):          # the merger committed them to the ledger: forget them
-            self.store.collect(episodes, close=True, read=False)
-            return web.json_response({})
-        return web.json_response(self.store.collect(episodes, close=bool(body.get("close", True))))
+    async def _tell_peers(self, group: dict, episode: dict) -> None:
+        for name, url in self.peers().items():
+            if name == self.model:
+                continue
+            try:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+                    async with session.post(url.removesuffix("/v1") + "/v1/actorjet/results",
+                                            json={"group": group, "episodes": [episode]},
+                                            ssl=client_ssl() or True) as resp:
+                        if resp.status != 200:
+                            raise EngineUnavailable(f"the gateway of {name} answered {resp.status}")
+            except aiohttp.ClientError as e:
+                raise EngineUnavailable(f"the gateway of {name} cannot store this episode's reward ({e})") from None
 
 
 def local_backend(engine) -> Backend:

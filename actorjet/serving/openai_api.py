@@ -198,6 +198,6 @@ def chunk(cid: str, model: str, index: int, delta: dict, finish_reason=None, usa
 
 def render_prompt(tokenizer, messages: list, tools: list | None) -> list[int]:
     """The prompt ids for a conversation: the chat template, then the tokenizer, exactly as
-    the gateway does it (the merger re-renders with it when asked to ignore tool lists)."""
+    the gateway does it (the learner re-renders with it when asked to ignore tool lists)."""
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

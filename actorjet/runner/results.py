@@ -1,0 +1,48 @@
+"""A finished lease's rewards go to the episode store of every model, before the registry
+hears of them.
+
+The store of each model sits with its gateway (serving/episode_store.py); the runner already
+reaches every gateway for its LLM calls, so it posts the lease's good results to each
+gateway's ``/v1/actorjet/results``, each episode proven by its own key.  An episode whose
+reward could not be stored (a gateway down, a closed episode) is reported to the registry
+as failed, with that cause, and leased again: a group the registry counts as finished is on
+disk in every store.  One POST per gateway per lease, whatever the episodes did.
+"""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+from actorjet.rl.rewards import failed
+from actorjet.runtime import endpoints
+
+TIMEOUT_S = 30.0
+
+
+def store_results(lease: dict, results: list[dict]) -> list[dict]:
+    """Post the lease's finished episodes to every gateway; those not stored everywhere come
+    back failed.  ``results`` are the runner's (episode_id, reward, error)."""
+    keys = {e["episode_id"]: e["api_key"] for e in lease["episodes"]}
+    members = {e["episode_id"]: k for e, k in zip(lease["episodes"], lease.get("members", range(10 ** 9)))}
+    good = [r for r in results if not r.get("error") and r.get("reward") is not None]
+    if not good:
+        return results
+    group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
+             "behavior": lease["behavior"], "version": lease["version"]}
+    body = json.dumps({"group": group, "episodes": [
+        {"episode_id": r["episode_id"], "api_key": keys[r["episode_id"]],
+         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"]} for r in good]}).encode()
+    why: dict[str, str] = {}
+    for model, url in sorted(lease["urls"].items()):
+        req = urllib.request.Request(url.removesuffix("/v1") + "/v1/actorjet/results", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=endpoints.client_ssl()) as resp:
+                for episode_id in json.loads(resp.read()).get("refused", []):
+                    why.setdefault(episode_id, f"store refused: the episode was closed at {model}'s gateway")
+        except (OSError, ValueError) as e:
+            detail = e.read().decode(errors="replace")[:200] if isinstance(e, urllib.error.HTTPError) else e
+            for r in good:
+                why.setdefault(r["episode_id"], f"store unreachable: {model}'s gateway: {detail}")
+    return [failed(r["episode_id"], why[r["episode_id"]]) if r["episode_id"] in why else r for r in results]

@@ -1,0 +1,304 @@
+"""One model's store of episodes: its recorded calls, its episodes' rewards, its GRPO groups.
+
+One SQLite file per model, ``episodes-MODEL.sqlite`` in the run directory of the node that
+runs the model's subtree (engine, gateway, learner are placed together; nothing here reads
+another host's file).  Two processes open it, and nothing else travels between them:
+
+    gateway   add()            every recorded call, written once per event-loop turn (flush),
+                               before the agent sees the answer
+              put_results()    the rewards of finished episodes (from a runner, or a client's
+                               /end), with their group; a group is *complete* when every member
+                               has a reward — then it is trainable
+              close()          episodes that will never be trained (failed, expired, aborted):
+                               their key is refused, their calls and reward are deleted
+    learner   take()           claims whole complete groups in one transaction (next_batch)
+              trained()        marks them trained at step s once the step is done
+              rewind(k)        at start: groups trained after the checkpoint k, or taken and
+                               never trained, are pending again (a restarted learner pulls again)
+              quarantine()     a group that cannot be trained, kept with its cause
+
+So after any crash: complete = trained + pending + quarantined, and no group is trained twice
+in the weights that survive.  WAL mode: the learner reads while the gateway writes.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    episode_id  TEXT NOT NULL,
+    call_index  INTEGER NOT NULL,
+    choice      INTEGER NOT NULL,
+    record      TEXT NOT NULL,                -- the CallRecord as JSON
+    PRIMARY KEY (episode_id, call_index, choice)
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    episode_id  TEXT PRIMARY KEY,
+    group_id    TEXT NOT NULL,
+    member      TEXT NOT NULL,                -- its place in the group (a retry takes the same place)
+    reward      TEXT,                         -- JSON; NULL: a client episode opened, not ended
+    stored_at   REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_by_group ON episodes (group_id);
+CREATE TABLE IF NOT EXISTS groups (
+    group_id     TEXT PRIMARY KEY,
+    task_name    TEXT,
+    behavior     TEXT,
+    version      INTEGER,
+    size         INTEGER NOT NULL,
+    complete_at  REAL,                        -- every member has a reward (NULL: not yet)
+    taken        INTEGER,                     -- claimed by the learner for a batch
+    trained_step INTEGER,                     -- learner step that trained it
+    quarantine   TEXT                         -- {cause, sample}: it cannot be trained
+);
+CREATE INDEX IF NOT EXISTS trainable ON groups (complete_at, taken, quarantine);
+CREATE TABLE IF NOT EXISTS closed (episode_id TEXT PRIMARY KEY);
+"""
+PENDING = "complete_at IS NOT NULL AND taken IS NULL AND quarantine IS NULL"
+MAX_CLOSED_IN_MEMORY = 200_000
+
+
+def path_for(run_dir: str | Path, model: str) -> Path:
+    return Path(run_dir) / f"episodes-{model}.sqlite"
+
+
+class EpisodeStore:
+    def __init__(self, path: str | Path = ":memory:"):
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # one connection, used under a lock: the gateway's loop and its writer thread share it
+        self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")     # WAL + NORMAL: durable across process crashes
+        self.db.executescript(SCHEMA)
+        self.lock = threading.RLock()
+        self.buffer: list = []                   # calls added, not yet flushed
+        self.counters: dict[str, int] = {}       # open episodes → their next call index
+        self.closed = {e: None for (e,) in self.db.execute(
+            "SELECT episode_id FROM closed ORDER BY rowid DESC LIMIT ?", (MAX_CLOSED_IN_MEMORY,))}
+
+    def close_db(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    def _tx(self):
+        return _Transaction(self.db, self.lock)
+
+    # -- gateway: calls -----------------------------------------------------------------
+    def is_closed(self, episode_id: str) -> bool:
+        return episode_id in self.closed
+
+    def next_index(self, episode_id: str) -> int:
+        with self.lock:
+            if episode_id not in self.counters:     # after a gateway restart: go on after the stored calls
+                (last,) = self.db.execute("SELECT MAX(call_index) FROM calls WHERE episode_id = ?",
+                                          (episode_id,)).fetchone()
+                self.counters[episode_id] = -1 if last is None else last
+            self.counters[episode_id] += 1
+            return self.counters[episode_id]
+
+    def add(self, records: list) -> None:
+        """Calls of a turn of the event loop: kept until ``flush`` writes them together."""
+        with self.lock:
+            self.buffer += records
+
+    def flush(self) -> int:
+        """Write every added call in one transaction (the gateway's writer thread)."""
+        with self.lock:
+            records, self.buffer = self.buffer, []
+            if records:
+                with self._tx() as db:
+                    db.executemany("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?)",
+                                   [(r.episode_id, r.call_index, r.choice, json.dumps(r.to_dict()))
+                                    for r in records if r.episode_id not in self.closed])
+            return len(records)
+
+    def calls(self, episode_ids: list[str]) -> dict[str, list[dict]]:
+        """The recorded calls of these episodes, in order."""
+        self.flush()
+        with self.lock:
+            return {e: [json.loads(r) for (r,) in self.db.execute(
+                "SELECT record FROM calls WHERE episode_id = ? ORDER BY call_index, choice", (e,))]
+                for e in episode_ids}
+
+    def open_episodes(self) -> int:
+        """Episodes this gateway is recording calls for (in memory: a call counter each)."""
+        return len(self.counters)
+
+    # -- gateway: results ----------------------------------------------------------------
+    def open_client(self, episode_id: str, group_id: str, size: int) -> None:
+        """A client-mode episode: its group is known at open, its reward at /end."""
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO groups (group_id, task_name, behavior, version, size) "
+                       "VALUES (?, 'client', 'client', 0, ?)", (group_id, size))
+            db.execute("INSERT OR IGNORE INTO episodes VALUES (?, ?, ?, NULL, ?)",
+                       (episode_id, group_id, episode_id, time.time()))
+
+    def client_group(self, episode_id: str) -> tuple[str, int] | None:
+        with self.lock:
+            return self.db.execute("SELECT g.group_id, g.size FROM episodes e JOIN groups g USING (group_id) "
+                                   "WHERE e.episode_id = ?", (episode_id,)).fetchone()
+
+    def put_results(self, group: dict, episodes: list[dict]) -> list[str]:
+        """Store finished episodes' rewards (``episodes``: episode_id, member, reward) with their
+        group (group_id, task_name, behavior, version, size), after every call added so far.
+        Returns the episodes refused because they were closed; idempotent."""
+        self.flush()
+        refused = [e["episode_id"] for e in episodes if e["episode_id"] in self.closed]
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO groups (group_id, task_name, behavior, version, size) "
+                       "VALUES (?, ?, ?, ?, ?)", (group["group_id"], group.get("task_name"),
+                                                  group.get("behavior"), group.get("version"), group["size"]))
+            db.executemany("INSERT OR REPLACE INTO episodes VALUES (?, ?, ?, ?, ?)",
+                           [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now)
+                            for e in episodes if e["episode_id"] not in refused])
+            self._judge(db, group["group_id"], now)
+        with self.lock:
+            for e in episodes:
+                self.counters.pop(e["episode_id"], None)
+        return refused
+
+    @staticmethod
+    def _judge(db, group_id: str, now: float) -> None:
+        """Complete when every member has a reward; an untaken group can become incomplete
+        again when one of its episodes is closed."""
+        db.execute("UPDATE groups SET complete_at = CASE WHEN (SELECT COUNT(DISTINCT member) FROM episodes "
+                   "WHERE group_id = ?1 AND reward IS NOT NULL) >= size THEN COALESCE(complete_at, ?2) END "
+                   "WHERE group_id = ?1 AND taken IS NULL", (group_id, now))
+
+    def close(self, episode_ids: list[str]) -> None:
+        """Episodes that will never be trained: refuse their keys, delete their calls and reward
+        (unless their group was taken already: then they are part of what was trained)."""
+        if not episode_ids:
+            return
+        with self.lock:
+            for e in episode_ids:
+                self.closed[e] = None
+                self.counters.pop(e, None)
+            while len(self.closed) > MAX_CLOSED_IN_MEMORY:
+                self.closed.pop(next(iter(self.closed)))
+            self.buffer = [r for r in self.buffer if r.episode_id not in self.closed]
+        now = time.time()
+        with self._tx() as db:
+            db.executemany("INSERT OR IGNORE INTO closed VALUES (?)", [(e,) for e in episode_ids])
+            marks = ",".join("?" * len(episode_ids))
+            groups = [g for (g,) in db.execute(f"SELECT DISTINCT group_id FROM episodes WHERE episode_id IN "
+                                               f"({marks})", episode_ids)]
+            free = f"episode_id IN ({marks}) AND group_id NOT IN (SELECT group_id FROM groups WHERE taken IS NOT NULL)"
+            db.execute(f"DELETE FROM calls WHERE episode_id IN ({marks}) AND episode_id NOT IN "
+                       f"(SELECT episode_id FROM episodes WHERE group_id IN (SELECT group_id FROM groups "
+                       f"WHERE taken IS NOT NULL))", episode_ids)
+            db.execute(f"DELETE FROM episodes WHERE {free}", episode_ids)
+            for g in groups:
+                self._judge(db, g, now)
+
+    # -- learner ----------------------------------------------------------------------------
+    def rewind(self, step: int) -> int:
+        """A (re)started learner at checkpoint ``step``: what it took and did not train, and
+        what it trained after the checkpoint (lost with the weights that saw it), is pending."""
+        with self._tx() as db:
+            return db.execute("UPDATE groups SET taken = NULL, trained_step = NULL WHERE taken IS NOT NULL "
+                              "AND quarantine IS NULL AND (trained_step IS NULL OR trained_step > ?)",
+                              (step,)).rowcount
+
+    def pending_by_task(self) -> dict[str, tuple[int, float]]:
+        """task → (complete groups pending, when the last one became complete)."""
+        with self.lock:
+            return {t: (n, last) for t, n, last in self.db.execute(
+                f"SELECT task_name, COUNT(*), MAX(complete_at) FROM groups WHERE {PENDING} GROUP BY task_name")}
+
+    def last_complete(self) -> dict[str, float]:
+        """task → when its last group became complete (taken or not): is the task flowing?"""
+        with self.lock:
+            return dict(self.db.execute("SELECT task_name, MAX(complete_at) FROM groups GROUP BY task_name"))
+
+    def take(self, quota: dict[str, int], total: int) -> list[dict]:
+        """Claim whole complete groups in one transaction, each with its rewards and calls:
+        the oldest ``quota[task]`` of each task, then the oldest of any task up to ``total``."""
+        with self._tx() as db:
+            ids: list[str] = []
+            for task, n in [*quota.items(), (None, total)]:
+                n = min(n, total - len(ids))
+                if n <= 0:
+                    continue
+                query, args = f"SELECT group_id FROM groups WHERE {PENDING}", []
+                if task is not None:
+                    query, args = query + " AND task_name = ?", [task]
+                if ids:
+                    query += f" AND group_id NOT IN ({','.join('?' * len(ids))})"
+                    args += ids
+                ids += [g for (g,) in db.execute(query + " ORDER BY complete_at LIMIT ?", (*args, n))]
+            db.executemany("UPDATE groups SET taken = 1 WHERE group_id = ?", [(g,) for g in ids])
+            return [self._group(db, g) for g in ids]
+
+    def _group(self, db, group_id: str) -> dict:
+        task, behavior, version = db.execute("SELECT task_name, behavior, version FROM groups WHERE group_id = ?",
+                                             (group_id,)).fetchone()
+        rewards, seen = {}, set()
+        for episode_id, member, reward in db.execute(
+                "SELECT episode_id, member, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL "
+                "ORDER BY stored_at", (group_id,)):
+            if member not in seen:          # one episode per member (a late twin is left out)
+                seen.add(member)
+                rewards[episode_id] = json.loads(reward)
+        calls = {e: [json.loads(r) for (r,) in db.execute(
+            "SELECT record FROM calls WHERE episode_id = ? ORDER BY call_index, choice", (e,))] for e in rewards}
+        return {"group_id": group_id, "task_name": task, "behavior": behavior, "version": version,
+                "rewards": rewards, "calls": calls}
+
+    def untake(self, group_ids: list[str]) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE groups SET taken = NULL WHERE group_id = ? AND trained_step IS NULL",
+                           [(g,) for g in group_ids])
+
+    def trained(self, group_ids: list[str], step: int) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE groups SET trained_step = ? WHERE group_id = ?", [(step, g) for g in group_ids])
+
+    def quarantine(self, group_id: str, cause: str, sample: str = "") -> None:
+        """Take a group out of training for good, keeping it, its cause and a sample of it."""
+        with self._tx() as db:
+            db.execute("UPDATE groups SET quarantine = ?, taken = 1, trained_step = NULL WHERE group_id = ?",
+                       (json.dumps({"cause": cause[:500], "sample": sample[:500]}), group_id))
+
+    def quarantined(self) -> list[dict]:
+        with self.lock:
+            return [{"group_id": g, **json.loads(q)} for g, q in self.db.execute(
+                "SELECT group_id, quarantine FROM groups WHERE quarantine IS NOT NULL")]
+
+    def counts(self) -> dict[str, int]:
+        """Groups complete, trained, quarantined, pending; episodes in trained groups (what
+        `status` reports as episodes.trained)."""
+        with self.lock:
+            complete, trained, bad = self.db.execute(
+                "SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups "
+                "WHERE complete_at IS NOT NULL").fetchone()
+            (episodes,) = self.db.execute(
+                "SELECT COUNT(DISTINCT group_id || '/' || member) FROM episodes WHERE reward IS NOT NULL "
+                "AND group_id IN (SELECT group_id FROM groups WHERE trained_step IS NOT NULL)").fetchone()
+        return {"complete": complete, "trained": trained, "quarantined": bad,
+                "pending": complete - trained - bad, "episodes_trained": episodes}
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE … COMMIT (ROLLBACK on error), under the store's lock."""
+
+    def __init__(self, db: sqlite3.Connection, lock):
+        self.db, self.lock = db, lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, *_):
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.lock.release()
+        return False

@@ -1,0 +1,96 @@
+"""A model's episode store: nothing finished is lost, nothing is trained twice, a group is
+trained only whole — through retries, closed episodes, learner restarts and poison — and the
+learner's pull (next_batch) keeps task quotas exact.  (The registry's group bookkeeping is
+tested in test_desks.py; the whole path in a live swarm in test_training.py and test_chaos.py.)"""
+import json
+
+from actorjet.rl.batching import BatchConfig, compose, next_batch
+from actorjet.serving.episode_store import EpisodeStore
+from actorjet.serving.records import CallRecord
+
+
+def record(store, episode_id, prompt=(5, 6, 7)):
+    return CallRecord(episode_id, "policy", "default", store.next_index(episode_id), 0, list(prompt), [8, 9],
+                      [-0.5, -0.2], 0, 1.0)
+
+
+def finish(store, group_id, rewards, task="t", members=None, size=None):
+    """A runner's result: calls recorded first, then the rewards with their group."""
+    episodes = [f"{group_id}.{k}" for k in (members or range(len(rewards)))]
+    store.add([record(store, e) for e in episodes])
+    return store.put_results({"group_id": group_id, "size": size or len(rewards), "task_name": task,
+                              "behavior": task, "version": 1},
+                             [{"episode_id": e, "member": e.rsplit(".", 1)[1].split("r")[0], "reward": r}
+                              for e, r in zip(episodes, rewards)])
+
+
+def test_a_group_is_trainable_only_when_every_member_has_a_reward(tmp_path):
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    assert finish(store, "g1", [1.0, 0.0], members=[0, 1], size=3) == []
+    assert store.counts()["complete"] == 0 and next_batch(store, BatchConfig("policy", 1)) is None
+    store.close(["g1.1"])                                 # member 1 failed: closed at the gateway
+    assert finish(store, "g1", [0.5], members=[1]) == ["g1.1"]       # a late result for it is refused
+    finish(store, "g1", [0.5, 1.0], members=["1r1", 2])               # its retry takes its place
+    assert store.counts() == {"complete": 1, "trained": 0, "quarantined": 0, "pending": 1, "episodes_trained": 0}
+    batch = next_batch(store, BatchConfig("policy", 1, merge="tree", prepare=lambda calls: {"drift_repairs": 0}))
+    assert batch["group_ids"] == ["g1"] and batch["stats"]["episodes"] == 3
+    assert sorted(batch["stats"]["by_task"]) == ["t"] and batch["samples"]
+    assert store.is_closed("g1.1") and store.calls(["g1.1"]) == {"g1.1": []}    # its calls are gone
+
+
+def test_learner_restarts_rewind_to_the_checkpoint_and_nothing_trains_twice(tmp_path):
+    path = tmp_path / "s.sqlite"
+    gateway = EpisodeStore(path)
+    for i in range(5):
+        finish(gateway, f"g{i}", [0.0, 1.0])
+    learner = EpisodeStore(path)               # another process in real life: the same file
+    cfg = BatchConfig("policy", 2)
+    first = next_batch(learner, cfg)
+    learner.trained(first["group_ids"], 1)     # step 1, then a checkpoint at step 1
+    second = next_batch(learner, cfg)
+    learner.trained(second["group_ids"], 2)
+    prefetched = next_batch(learner, BatchConfig("policy", 1))        # taken, never trained: the crash
+    assert set(first["group_ids"] + second["group_ids"] + prefetched["group_ids"]) == {f"g{i}" for i in range(5)}
+    assert learner.counts()["pending"] == 1            # taken counts as pending until trained
+    # the learner restarts from its checkpoint at step 1: step 2 and the prefetched batch come back
+    restarted = EpisodeStore(path)
+    assert restarted.rewind(1) == 3
+    assert restarted.counts() == {"complete": 5, "trained": 2, "quarantined": 0, "pending": 3, "episodes_trained": 4}
+    again = next_batch(restarted, BatchConfig("policy", 3))
+    assert sorted(again["group_ids"]) == sorted(second["group_ids"] + prefetched["group_ids"])
+    assert not set(again["group_ids"]) & set(first["group_ids"])       # never the checkpoint's groups
+    # the gateway restarts too: its calls go on after the stored ones, the same rows are not rewritten
+    assert EpisodeStore(path).next_index("g0.0") == 1
+
+
+def test_a_poisoned_group_is_quarantined_with_its_cause_and_the_rest_trains(tmp_path):
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    finish(store, "good", [0.0, 1.0])
+    finish(store, "bad", [0.0, 1.0])
+    with store.lock:               # stored before rewards were checked: a string reward
+        store.db.execute("UPDATE episodes SET reward = ? WHERE episode_id = 'bad.0'", (json.dumps("high"),))
+    out = next_batch(store, BatchConfig("policy", 2))
+    assert out["samples"] is None and [g for g, _ in out["quarantined"]] == ["bad"]
+    assert "invalid reward" in out["quarantined"][0][1]
+    assert store.quarantined()[0]["group_id"] == "bad" and "high" in store.quarantined()[0]["sample"]
+    finish(store, "next", [1.0, 0.0])
+    assert next_batch(store, BatchConfig("policy", 2))["group_ids"] == ["good", "next"]
+    assert store.rewind(0) == 2 and store.counts()["quarantined"] == 1     # a rewind never brings it back
+
+
+def test_task_quotas_are_exact_and_a_stalled_task_is_filled_only_after_fill_after_s(tmp_path):
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    for i in range(6):
+        finish(store, f"a{i}", [0.0, 1.0], task="a")
+    finish(store, "b0", [0.0, 1.0], task="b")
+    cfg = BatchConfig("policy", 4, weights={"a": 1.0, "b": 1.0}, started=0.0)
+    last_b = store.last_complete()["b"]
+    assert compose(store, cfg, now=last_b + 0.1) is None            # b finished a group just now: wait for it
+    assert compose(store, BatchConfig("policy", 4, weights=cfg.weights, mix="strict"), now=last_b + 99) is None
+    assert compose(store, cfg, now=last_b + 99) == {"a": 2, "b": 2}  # b stalled: fill its share
+    batch = next_batch(store, BatchConfig("policy", 4, weights=cfg.weights, fill_after_s=0.0))
+    assert batch["stats"]["by_task"]["a"]["groups"] == 3 and batch["stats"]["by_task"]["b"]["groups"] == 1
+    finish(store, "b1", [0.0, 1.0], task="b")
+    finish(store, "b2", [0.0, 1.0], task="b")
+    batch = next_batch(store, BatchConfig("policy", 4, weights=cfg.weights))
+    assert {t: v["groups"] for t, v in batch["stats"]["by_task"].items()} == {"a": 2, "b": 2}
