@@ -135,7 +135,7 @@ def run(swarm: Swarm, net: hosts.Network, tmp: Path, args) -> dict:
 def operate(port: int, token: str, tmp: Path, args) -> dict:
     """Upgrades, a rollback and bad payloads against the head on this host; the checks."""
     run_dir = tmp / "run"
-    get = lambda: status(*attach_root(port))  # noqa: E731
+    get = lambda: status(*attach_root(port, token))  # noqa: E731
     wait_until(lambda: get()["models"][0]["learner_step"] >= 1, 120, interval_s=0.5, what="first learner step")
     step0 = get()["models"][0]["learner_step"]
     files = {"A": behavior_file(tmp, "A", False), "B": behavior_file(tmp, "B", True)}
@@ -146,7 +146,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
         tag = "AB"[k % 2]
         blob, source = blobs[tag]
         t0 = time.perf_counter()
-        reply, took, behind = send(port, m.Upgrade(sign_upload(token, "arithmetic", blob, source)), 30, 30)
+        reply, took, behind = send(port, token, m.Upgrade(sign_upload(token, "arithmetic", blob, source)), 30, 30)
         elapsed = time.perf_counter() - t0
         if not reply.ok or behind:
             raise RuntimeError(f"upgrade {k} failed: {reply.error or behind}")
@@ -156,7 +156,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
               file=sys.stderr)
         time.sleep(args.dwell)
     # rollback to the version before, and check its code is what runs afterwards
-    reply, _, behind = send(port, m.Rollback("arithmetic"), 15, 30)
+    reply, _, behind = send(port, token, m.Rollback("arithmetic"), 15, 30)
     rolled_to = reply.version
     log_lines = (tmp / "ran.log").read_text().count("\n")
     time.sleep(args.dwell)
@@ -164,7 +164,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
     rollback_restored = bool(reply.ok and after and all(line.split()[0] == tag_of_version[rolled_to]
                                                         for line in after[len(after) // 2:]))
     # bad payloads: tampered, other key, raw pickle
-    asys, registry = _registry(port)
+    asys, registry = _registry(port, token)
     good = sign_upload(token, "arithmetic", b"\x80\x04N.", "bench")
     refused = 0
     for upload in (dict(good, blob=b"\x80\x04X."), sign_upload("other", "arithmetic", b"\x80\x04N.", ""), b"\x80\x04N."):
@@ -187,9 +187,9 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
     }
 
 
-def _registry(port: int):
+def _registry(port: int, token: str):
     from actorjet.runtime.head import lookup
-    asys, root = attach_root(port)
+    asys, root = attach_root(port, token)
     return asys, lookup(asys, root, "registry")
 
 

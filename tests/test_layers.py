@@ -20,6 +20,7 @@ LAYERS = [
     {"job"},                                                                 # the job config
     {"registry", "runner"},                                                  # desks; the runner side
     {"actors"},                                                              # thin actor shells
+    {"research"},                                                            # studies of many jobs
     {"cli", "__init__"},                                                     # what users call
 ]
 NO_ACTORS_OR_HTTP = {"rl": ("thespian", "aiohttp", "urllib", "http", "requests", "openai", "actorjet.runtime")}

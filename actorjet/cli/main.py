@@ -21,11 +21,12 @@ typical use:
   actorjet task pause|resume|remove|add TASK   change the task cocktail while training runs
   actorjet top                                 a live view of the swarm (q quits)
   actorjet report RUN_DIR                      one HTML page of a run, plots embedded
+  actorjet research run agents/studies/lr.toml  a multi-stage RL study, unattended, with its report
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from actorjet.cli import behavior_cmds, monitor_cmds, node_cmds, task_cmds, train_cmds
+    from actorjet.cli import behavior_cmds, monitor_cmds, node_cmds, research_cmds, task_cmds, train_cmds
 
     parser = argparse.ArgumentParser(
         prog="actorjet", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     task_cmds.add_task(sub)
     monitor_cmds.add_report(sub)
     monitor_cmds.add_top(sub)
+    research_cmds.add_research(sub)
     return parser
 
 

@@ -1,0 +1,99 @@
+"""`actorjet research plan|run|status|report`: a multi-stage RL study, unattended (docs/research.md)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_research(sub) -> None:
+    p = sub.add_parser("research", help="run a multi-stage RL study unattended and write its report",
+                       description="A study (STUDY.toml: question, base job, metric, budget, knobs, seeds, "
+                       "decision rule) runs baseline → explore (Optuna TPE, losing trials stopped early) → "
+                       "confirm on fresh seeds → ablate → report, every trial a real ActorJet job.  Kill it at "
+                       "any moment and `run` again: it resumes.  See docs/research.md and agents/studies/.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n"
+                       "  actorjet research plan agents/studies/lr.toml         stages, trial count, time estimate\n"
+                       "  actorjet research run agents/studies/lr.toml --dir studies/lr\n"
+                       "  actorjet research status studies/lr\n"
+                       "  actorjet research report studies/lr                   report.md, results.json, figures")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    plan = verbs.add_parser("plan", help="print the stages, the trial count and a time estimate; runs nothing")
+    plan.add_argument("study", metavar="STUDY.toml")
+    plan.set_defaults(func=cmd_plan)
+    run = verbs.add_parser("run", help="run (or resume) the study unattended")
+    run.add_argument("study", metavar="STUDY.toml")
+    run.add_argument("--dir", default=None, help="the study directory (default studies/STUDY-NAME)")
+    run.set_defaults(func=cmd_run)
+    status = verbs.add_parser("status", help="trials per stage and state, and the decisions so far")
+    status.add_argument("dir", metavar="DIR")
+    status.set_defaults(func=cmd_status)
+    report = verbs.add_parser("report", help="write DIR/report.md, results.json and figures from the registry")
+    report.add_argument("dir", metavar="DIR")
+    report.set_defaults(func=cmd_report)
+
+
+def cmd_plan(args) -> int:
+    from actorjet.research.plan import check_budget, make_plan
+    from actorjet.research.spec import load_study
+
+    study = load_study(args.study)
+    plan = make_plan(study)
+    print(f"question: {study['question']}")
+    for stage in plan["stages"]:
+        print(f"  {stage['name']:<9} {stage.get('trials_at_most', '')}")
+    print(f"trials: at most {plan['trials_at_most']} (budget {study['budget']['max_trials']}), "
+          f"~{plan['seconds_per_trial']:.0f} s each, {study['budget']['parallel']} at once: "
+          f"~{plan['estimate_s'] / 60:.0f} min at most (budget {study['budget']['max_wall_s'] / 60:.0f} min)")
+    check_budget(study, plan)
+    return 0
+
+
+def cmd_run(args) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from actorjet.research import study_report
+    from actorjet.research.controller import Controller
+    from actorjet.research.plan import check_budget, make_plan
+    from actorjet.research.spec import load_study
+
+    study = load_study(args.study)
+    check_budget(study, make_plan(study))
+    study_dir = Path(args.dir or f"studies/{Path(args.study).stem}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn()) as bar:
+        controller = Controller(study, study_dir, say=bar.console.print)
+        tasks = {s["name"]: bar.add_task(s["name"], total=s["trials_at_most"])
+                 for s in controller.plan["stages"] if "trials_at_most" in s}
+        controller.run(progress=lambda stage: bar.advance(tasks[stage]))
+    path = study_report.build(study_dir)
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from actorjet.errors import UserError
+    from actorjet.research.registry import StudyRegistry
+
+    if not (Path(args.dir) / "study.sqlite").exists():
+        raise UserError(f"{args.dir} holds no study")
+    reg = StudyRegistry(args.dir)
+    counts: dict = {}
+    for t in reg.trials():
+        counts.setdefault(t["stage"], {}).setdefault(t["state"], 0)
+        counts[t["stage"]][t["state"]] += 1
+    print(f"question: {reg.get('spec')['question']}")
+    for stage, states in counts.items():
+        print(f"  {stage:<9} " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    for d in reg.decisions():
+        print(f"  decided: {d['text']}")
+    if reg.get("stopped"):
+        print(f"  stopped: {reg.get('stopped')}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from actorjet.research import study_report
+
+    print(f"wrote {study_report.build(args.dir)}")
+    return 0

@@ -1,0 +1,181 @@
+"""The study spec (TOML), checked before anything runs.
+
+    question = "Which learning rate trains tiny-arith fastest?"
+    base_job = "agents/job.toml"          # or an inline [base_job] table
+    [metric]  kind = "final_accuracy" | "auc" | "steps_to"; threshold = 0.5 (steps_to only)
+    [budget]  max_trials = 30; max_wall_s = 2400; parallel = 1
+    [knobs."models.policy.lr"]   log_uniform = [1e-5, 1e-2]
+    [knobs."train.checkpoint_every"]  choice = [50, 1000]
+    [seeds]   baseline = 3; explore = 1; confirm = 3; ablate = 3
+    [explore] trials = 12; min_evals = 1          # successive halving on the periodic evals
+    [decision] confidence = 0.95                  # adopt only when the CI of the gain excludes 0
+
+A knob is a path into the job: ``train.FIELD``, ``models.NAME.FIELD`` or ``tasks.NAME.FIELD``;
+both ends of its range must make a valid job.  Every mistake is a UserError naming the file
+and the field, never a traceback.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+
+from actorjet.errors import UserError
+from actorjet.job import load_job, normalize
+
+METRICS = ("final_accuracy", "auc", "steps_to")
+KINDS = ("log_uniform", "uniform", "int_uniform", "choice")
+SEED_STAGES = ("baseline", "explore", "confirm", "ablate")
+
+
+def load_study(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such study file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: not valid TOML: {e}") from None
+    return check_study(data, str(path), base_dir=path.parent)
+
+
+def check_study(data: dict, where: str = "study", base_dir: Path = Path(".")) -> dict:
+    known = {"question", "base_job", "metric", "budget", "knobs", "seeds", "explore", "decision", "planner"}
+    for key in data:
+        if key not in known:
+            raise UserError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(known))})")
+    question = data.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise UserError(f"{where}: field 'question': say what the study asks, in a sentence")
+    base = data.get("base_job")
+    if isinstance(base, str):
+        job_path = (base_dir / base) if not Path(base).is_absolute() else Path(base)
+        if not job_path.exists():
+            raise UserError(f"{where}: field 'base_job': no job config at {job_path}")
+        job = load_job(job_path)
+    elif isinstance(base, dict):
+        job = normalize(base, f"{where}: base_job")
+    else:
+        raise UserError(f"{where}: field 'base_job': a path to a job config, or an inline [base_job] table")
+    metric = _table(data, "metric", where)
+    kind = metric.get("kind", "final_accuracy")
+    if kind not in METRICS:
+        raise UserError(f"{where}: field 'metric.kind': one of {', '.join(METRICS)}, got {kind!r}")
+    if kind == "steps_to" and not isinstance(metric.get("threshold"), (int, float)):
+        raise UserError(f"{where}: field 'metric.threshold': steps_to needs an accuracy threshold, e.g. 0.5")
+    if not any(_has_eval(t["source"]) for t in job["tasks"]):
+        raise UserError(f"{where}: field 'metric': no task of the base job has a held-out evaluation "
+                        "(eval_tasks/messages/score), so the metric cannot be measured")
+    budget = _table(data, "budget", where)
+    budget = {"max_trials": _int(budget, "max_trials", 30, where, "budget"),
+              "max_wall_s": _num(budget, "max_wall_s", 3600.0, where, "budget"),
+              "parallel": _int(budget, "parallel", 1, where, "budget")}
+    seeds = _table(data, "seeds", where)
+    seeds = {stage: _int(seeds, stage, 3 if stage != "explore" else 1, where, "seeds") for stage in SEED_STAGES}
+    explore = _table(data, "explore", where)
+    explore = {"trials": _int(explore, "trials", 8, where, "explore"),
+               "min_evals": _int(explore, "min_evals", 1, where, "explore")}
+    decision = _table(data, "decision", where)
+    confidence = _num(decision, "confidence", 0.95, where, "decision")
+    if not 0.5 <= confidence < 1:
+        raise UserError(f"{where}: field 'decision.confidence': between 0.5 and 1, got {confidence}")
+    knobs = {}
+    for name, rule in _table(data, "knobs", where).items():
+        knobs[name] = _knob(job, name, rule, where)
+    if not knobs:
+        raise UserError(f"{where}: field 'knobs': name at least one knob to study")
+    from actorjet.research.planner import check_planner
+
+    planner = check_planner(_table(data, "planner", where), where)
+    study = {"question": question.strip(), "base_job": job, "planner": planner,
+             "metric": {"kind": kind, "threshold": metric.get("threshold")}, "budget": budget, "seeds": seeds,
+             "explore": explore, "decision": {"confidence": confidence}, "knobs": knobs}
+    study["hash"] = hashlib.sha256(json.dumps(study, sort_keys=True).encode()).hexdigest()[:16]
+    return study
+
+
+def apply(job: dict, params: dict) -> dict:
+    """The job with these knob values set (a deep copy), checked."""
+    job = copy.deepcopy(job)
+    for path, value in params.items():
+        section, field = _locate(job, path)
+        section[field] = value
+    return normalize(job, "trial")
+
+
+def _knob(job: dict, name: str, rule, where: str) -> dict:
+    here = f"{where}: field 'knobs.{name}'"
+    try:
+        section, field = _locate(job, name)
+    except KeyError as e:
+        raise UserError(f"{here}: {e.args[0]}") from None
+    if not isinstance(rule, dict) or len([k for k in rule if k in KINDS]) != 1:
+        raise UserError(f"{here}: give exactly one of {', '.join(KINDS)}")
+    kind = next(k for k in rule if k in KINDS)
+    values = rule[kind]
+    if kind == "choice":
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{here}: choice must be a non-empty list")
+        ends = values
+    else:
+        if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, (int, float)) for v in values)
+                and values[0] < values[1]):
+            raise UserError(f"{here}: {kind} must be [low, high] with low < high")
+        if kind == "log_uniform" and values[0] <= 0:
+            raise UserError(f"{here}: log_uniform needs low > 0")
+        ends = [int(v) for v in values] if kind == "int_uniform" else values
+    for value in ends:
+        try:
+            apply(job, {name: value})
+        except UserError as e:
+            raise UserError(f"{here}: {value!r} makes an invalid job ({e})") from None
+    return {"kind": kind, "values": values, "base": section[field]}
+
+
+def _locate(job: dict, path: str) -> tuple[dict, str]:
+    parts = path.split(".")
+    if parts[0] == "train" and len(parts) == 2:
+        if parts[1] not in job["train"]:
+            raise KeyError(f"[train] has no field {parts[1]!r}")
+        return job["train"], parts[1]
+    if parts[0] in ("models", "tasks") and len(parts) == 3:
+        items = {x["name"]: x for x in job[parts[0]]}
+        if parts[1] not in items:
+            raise KeyError(f"the base job has no {parts[0][:-1]} named {parts[1]!r} ({', '.join(items)})")
+        if parts[2] not in items[parts[1]]:
+            raise KeyError(f"{parts[0][:-1]} {parts[1]!r} has no field {parts[2]!r}")
+        return items[parts[1]], parts[2]
+    raise KeyError("a knob is train.FIELD, models.NAME.FIELD or tasks.NAME.FIELD")
+
+
+def _has_eval(source: str) -> bool:
+    import importlib
+
+    try:
+        module = importlib.import_module(source)
+    except ImportError:
+        return False
+    return hasattr(module, "eval_for") or all(hasattr(module, f) for f in ("eval_tasks", "messages", "score"))
+
+
+def _table(data: dict, key: str, where: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: field {key!r} must be a table")
+    return value
+
+
+def _int(table: dict, key: str, default: int, where: str, section: str) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{where}: field '{section}.{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _num(table: dict, key: str, default: float, where: str, section: str) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UserError(f"{where}: field '{section}.{key}' must be a positive number, got {value!r}")
+    return float(value)

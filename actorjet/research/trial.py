@@ -1,0 +1,62 @@
+"""One trial of a study: an embedded ActorJet head (its own process, free port and run dir)
+running a job until its last step is trained and evaluated.
+
+    python -m actorjet.research.trial RUN_DIR        (RUN_DIR/job.json written by the controller)
+
+The controller watches ``RUN_DIR/metrics.jsonl`` (the learner's periodic evals), never this
+process's output, and stops it by PID when the pruner says so.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+RUNNERS = 2
+QUIET_S = 180.0      # no learner step for this long: the trial has failed
+
+
+def main(run_dir: str) -> int:
+    from actorjet import metrics
+    from actorjet.job import check_tasks, prepare, tree_path
+    from actorjet.runtime import messages as m
+    from actorjet.runtime.head import Head
+    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.system import free_port
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # stopped: the head is stopped cleanly
+    run = Path(run_dir)
+    job = json.loads((run / "job.json").read_text())
+    if not all(Path(m.get("path", "")).is_dir() for m in job["models"]):
+        prepare(job)               # the controller normally hands over the study's built model
+    else:
+        check_tasks(job)
+    steps = job["train"]["steps"]
+    head = Head(run, load_tree(tree_path("default.toml")), job, port=free_port(), slots=RUNNERS)
+    head.start()
+    try:
+        last, since = -1, time.time()
+        while True:
+            msg = head.poll(0.5)
+            if isinstance(msg, m.Escalated) and msg.path == "root":
+                print(f"trial failed: the supervisor tree gave up: {msg.reason}", file=sys.stderr)
+                return 1
+            rows = metrics.read(run)
+            train = [r["step"] for r in rows if r.get("kind") == "train"]
+            evals = [r["step"] for r in rows if r.get("kind") == "eval"]
+            step = train[-1] if train else 0
+            if step != last:
+                last, since = step, time.time()
+            if step >= steps and evals and evals[-1] >= steps:
+                return 0
+            if time.time() - since > QUIET_S:
+                print(f"trial failed: no learner step for {QUIET_S:.0f} s", file=sys.stderr)
+                return 1
+    finally:
+        head.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,204 @@
+"""`actorjet research`: a study spec is checked before anything runs, a study of real trials
+runs unattended through its stages, survives a SIGKILL of its controller (no finished trial
+runs twice, the trial in flight is stopped and re-run), a crashing trial is retried once and
+recorded failed, and the report comes from the registry alone."""
+import json
+import sqlite3
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psutil
+import pytest
+
+from actorjet.errors import UserError
+from actorjet.research import planner
+from actorjet.research.plan import check_budget, make_plan
+from actorjet.research.registry import StudyRegistry
+from actorjet.research.spec import check_study
+from swarm import REPO, wait_until
+
+BASE = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 2, "checkpoint_every": 1000}],
+        "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
+        "train": {"group_size": 4, "groups_per_step": 4, "steps": 4}}
+LR = {"log_uniform": [1e-5, 1e-2]}
+
+
+def study(**over):
+    data = {"question": "does lr matter?", "base_job": BASE, "knobs": {"models.policy.lr": LR},
+            "budget": {"max_trials": 20, "max_wall_s": 900}}
+    data.update(over)
+    return data
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"knobs": {"models.policy.lrr": LR}}, "knobs.models.policy.lrr': model 'policy' has no field 'lrr'"),
+    ({"knobs": {"train.bogus": LR}}, "[train] has no field 'bogus'"),
+    ({"knobs": {"lr": LR}}, "a knob is train.FIELD, models.NAME.FIELD or tasks.NAME.FIELD"),
+    ({"knobs": {"train.groups_per_step": {"int_uniform": [0, 4]}}}, "0 makes an invalid job"),
+    ({"knobs": {"models.policy.lr": {"log_uniform": [0, 1]}}}, "log_uniform needs low > 0"),
+    ({"knobs": {}}, "name at least one knob"),
+    ({"metric": {"kind": "steps_to"}}, "steps_to needs an accuracy threshold"),
+    ({"metric": {"kind": "loss"}}, "one of final_accuracy, auc, steps_to"),
+    ({"budget": {"max_trials": 0}}, "budget.max_trials' must be a positive integer"),
+    ({"colour": "blue"}, "unknown field 'colour'"),
+    ({"question": ""}, "field 'question'"),
+])
+def test_study_mistakes_name_the_field(over, message):
+    with pytest.raises(UserError) as e:
+        check_study(study(**over), "s.toml")
+    assert message in str(e.value) and str(e.value).startswith("s.toml: ")
+
+
+def test_plan_counts_trials_refuses_a_small_budget_and_a_directory_of_another_spec(tmp_path):
+    spec = check_study(study(seeds={"baseline": 3, "confirm": 3, "ablate": 2}, explore={"trials": 6}), "s.toml")
+    plan = make_plan(spec)
+    assert plan["trials_at_most"] == 3 + 6 + 6 + 2
+    with pytest.raises(UserError, match="needs up to 17 trials but budget.max_trials is 10"):
+        check_budget(dict(spec, budget=dict(spec["budget"], max_trials=10)), plan)
+    assert StudyRegistry(tmp_path).bind(spec) is True and StudyRegistry(tmp_path).bind(spec) is False
+    other = check_study(study(question="another question"), "t.toml")
+    with pytest.raises(UserError, match="holds a study of another spec"):
+        StudyRegistry(tmp_path).bind(other)
+    (tmp_path / "bad.toml").write_text('question = "q"\nbase_job = "nowhere.toml"\n[knobs."train.steps"]\nchoice = [1]\n')
+    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "research", "plan", str(tmp_path / "bad.toml")],
+                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 2 and "field 'base_job': no job config at" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_planner_proposal_may_only_narrow_the_spec():
+    spec = check_study(study(knobs={"models.policy.lr": LR, "models.policy.checkpoint_every": {"choice": [5, 1000]}}), "s")
+    knobs = planner.validate(spec, {"knobs": {"models.policy.lr": {"log_uniform": [1e-4, 1e-3]}}})
+    assert knobs["models.policy.lr"]["values"] == [1e-4, 1e-3] and knobs["models.policy.checkpoint_every"]["values"] == [5, 1000]
+    for bad, why in [({"knobs": {"models.policy.lr": {"log_uniform": [1e-6, 1e-3]}}}, "not inside the spec's"),
+                     ({"knobs": {"models.policy.lr": {"uniform": [1e-4, 1e-3]}}}, "instead of the spec's"),
+                     ({"knobs": {"train.kl": {"uniform": [0, 1]}}}, "not one of the spec's"),
+                     ({"knobs": {"models.policy.checkpoint_every": {"choice": [7]}}}, "outside the spec's"),
+                     ({"ranges": {}}, "non-empty 'knobs'")]:
+        with pytest.raises(ValueError, match=why):
+            planner.validate(spec, bad)
+
+
+class ScriptedPlanner(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint that always proposes a knob the spec does not have."""
+    asked = 0
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        ScriptedPlanner.asked += 1
+        content = json.dumps({"knobs": {"train.kl": {"uniform": [0.0, 0.1]}}, "why": "KL will help"})
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "scripted",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": content}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def toml(data: dict) -> str:
+    """Just enough TOML for these specs (tables of scalars, lists and arrays of tables)."""
+    def value(v):
+        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+    lines = []
+    for k, v in data.items():
+        if not isinstance(v, dict):
+            lines.append(f"{k} = {value(v)}")
+    for k, v in data.items():
+        if isinstance(v, dict) and k != "base_job" and k != "knobs":
+            lines += [f"[{k}]"] + [f"{kk} = {value(vv)}" for kk, vv in v.items()]
+    for name, rule in data["knobs"].items():
+        lines += [f'[knobs."{name}"]'] + [f"{kk} = {value(vv)}" for kk, vv in rule.items()]
+    for section in ("models", "tasks"):
+        for item in data["base_job"][section]:
+            lines += [f"[[base_job.{section}]]"] + [f"{kk} = {value(vv)}" for kk, vv in item.items()]
+    lines += ["[base_job.train]"] + [f"{kk} = {value(vv)}" for kk, vv in data["base_job"]["train"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def trials(study_dir):
+    db = sqlite3.connect(study_dir / "study.sqlite")
+    return db.execute("SELECT stage, arm, seed, state, attempts, log_tail FROM trials ORDER BY id").fetchall()
+
+
+def research(*args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "actorjet.cli.main", "research", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_path):
+    spec = tmp_path / "mini.toml"
+    spec.write_text(toml(study(seeds={"baseline": 2, "confirm": 2, "ablate": 2}, explore={"trials": 3},
+                               budget={"max_trials": 20, "max_wall_s": 1200, "parallel": 2})))
+    out = tmp_path / "study"
+    first = research("run", str(spec), "--dir", str(out), start_new_session=True)
+    try:
+        # kill it while a trial runs and after another finished
+        wait_until(lambda: (out / "study.sqlite").exists() and
+                   [s for _, _, _, s, _, _ in trials(out)].count("done") >= 1 and
+                   "running" in [s for _, _, _, s, _, _ in trials(out)], 300, interval_s=0.5,
+                   what="one trial done and one running")
+        db = sqlite3.connect(out / "study.sqlite")
+        orphans = [pid for (pid,) in db.execute("SELECT pid FROM trials WHERE state = 'running'")]
+        done_before = {(a, b, c) for a, b, c, s, _, _ in trials(out) if s == "done"}
+        first.kill()
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert orphans and all(psutil.pid_exists(p) for p in orphans)         # its trials outlive it...
+    again = research("run", str(spec), "--dir", str(out))
+    text, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, text
+    assert "was in flight when the controller stopped: it runs again" in text
+    assert not any(psutil.pid_exists(p) and "actorjet.research.trial" in " ".join(psutil.Process(p).cmdline())
+                   for p in orphans)                                     # ...until the resume stops them
+    rows = trials(out)
+    keys = [(a, b, c) for a, b, c, _, _, _ in rows]
+    assert len(keys) == len(set(keys))                                   # each trial once in the registry
+    assert done_before <= {(a, b, c) for a, b, c, s, _, _ in rows if s == "done"}
+    assert {s for _, _, _, s, _, _ in rows} <= {"done", "pruned"}
+    stages = [a for a, _, _, _, _, _ in rows]
+    assert stages.count("baseline") == 2 and stages.count("explore") == 3
+    results = json.loads((out / "results.json").read_text())
+    assert [d["stage"] for d in results["decisions"]][:3] == ["baseline", "explore", "confirm"]
+    assert results["conclusion"].startswith("confirm: ")
+    report = (out / "report.md").read_text()
+    assert "**Conclusion.** confirm: " in report and (out / "curves.png").exists()
+    status = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "research", "status", str(out)],
+                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert status.returncode == 0 and "decided: baseline" in status.stdout
+
+
+@pytest.mark.slow
+def test_a_crashing_trial_is_retried_once_then_recorded_failed_and_a_bad_planner_is_overruled(tmp_path):
+    server = ThreadingHTTPServer(("localhost", 0), ScriptedPlanner)    # the planner: this process only
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    spec = tmp_path / "crash.toml"
+    spec.write_text(toml(study(knobs={"tasks.arithmetic.behavior": {"choice": ["agents.arithmetic:missing"]}},
+                               seeds={"baseline": 1, "confirm": 1, "ablate": 1}, explore={"trials": 1},
+                               planner={"kind": "llm", "base_url": f"http://localhost:{server.server_port}/v1",
+                                        "model": "scripted"})))
+    out = tmp_path / "study"
+    try:
+        run = research("run", str(spec), "--dir", str(out))
+        text, _ = run.communicate(timeout=600)
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, text
+    rows = trials(out)
+    (explore,) = [r for r in rows if r[0] == "explore"]
+    assert explore[3:5] == ("failed", 2) and "missing" in explore[5]
+    assert [r[3] for r in rows if r[0] == "baseline"] == ["done"]
+    report = (out / "report.md").read_text()
+    assert "explore: no trial finished" in report and "nothing to confirm" in report
+    # the planner's invalid proposal was rejected with its reason, and the playbook ran
+    assert ScriptedPlanner.asked == 1
+    assert "planner: proposal rejected (knob 'train.kl' is not one of the spec's" in report
