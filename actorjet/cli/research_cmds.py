@@ -52,6 +52,10 @@ def cmd_plan(args) -> int:
 def cmd_run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    import errno
+    import sqlite3
+
+    from actorjet.errors import UserError
     from actorjet.research import study_report
     from actorjet.research.controller import Controller
     from actorjet.research.plan import check_budget, make_plan
@@ -65,7 +69,13 @@ def cmd_run(args) -> int:
         controller = Controller(study, study_dir, say=bar.console.print)
         tasks = {s["name"]: bar.add_task(s["name"], total=s["trials_at_most"])
                  for s in controller.plan["stages"] if "trials_at_most" in s}
-        controller.run(progress=lambda stage: bar.advance(tasks[stage]))
+        try:
+            controller.run(progress=lambda stage: bar.advance(tasks[stage]))
+        except (sqlite3.OperationalError, OSError) as e:      # disk full, read-only, gone
+            if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EDQUOT):
+                raise
+            raise UserError(f"the study stopped: its files in {study_dir} cannot be written ({e}); free the "
+                            "space or fix the permissions and run the same command again: it resumes") from None
     path = study_report.build(study_dir)
     print(f"report: {path}")
     return 0

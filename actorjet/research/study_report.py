@@ -58,6 +58,15 @@ def build(study_dir: str | Path) -> Path:
     return path
 
 
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _number(value) -> str:
     return "" if value is None else f"{value:.3f}"
 
@@ -102,11 +111,7 @@ def _curves(out: Path, trials: list[dict]) -> Path | None:
     ax.set_ylabel("held-out accuracy")
     ax.legend(fontsize=7)
     ax.set_title("learning curves per arm (mean, 95% bootstrap band)")
-    path = out / "curves.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "curves.png")
 
 
 def _explored(out: Path, trials: list[dict], study: dict) -> Path | None:
@@ -131,8 +136,4 @@ def _explored(out: Path, trials: list[dict], study: dict) -> Path | None:
     ax.set_ylabel("last held-out accuracy")
     ax.legend()
     ax.set_title("explored trials: finished vs stopped early")
-    path = out / "explored.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "explored.png")
