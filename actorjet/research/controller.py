@@ -176,37 +176,40 @@ class Controller:
         return [k for k, v in params.items() if v != self.study["knobs"][k]["base"]]
 
     def _stage_ablate(self, best: dict, adopted: bool) -> None:
-        """Each knob changed alone against the adopted config: a knob the best config changed is
-        reverted to its base value; a choice knob it kept is switched to another choice, so a
-        knob that does nothing is reported as such either way."""
-        if not adopted:
-            if not self.reg.decided("ablate"):
-                self.reg.decide("ablate", "ablate: nothing was adopted, so nothing to ablate", {})
-            return
+        """Each knob changed alone, from the config the study recommends (the adopted one, else
+        the base): a knob the explored best set differently takes that value; an adopted change
+        is reverted; a choice knob left as it was is switched to another choice.  So every knob
+        gets an answer — it matters, or "no detectable difference" — whatever confirm decided."""
+        base = {k: v["base"] for k, v in self.study["knobs"].items()}
+        recommended = best if adopted else base
+        against = self._values("confirm", "best" if adopted else "baseline")
         arms = {}
         for knob, k in self.study["knobs"].items():
-            if best[knob] != k["base"]:
+            explored = best.get(knob, k["base"])
+            if explored != recommended[knob]:
+                arms[knob] = (f"{knob} = {_show(explored)}", explored)
+            elif recommended[knob] != k["base"]:
                 arms[knob] = (f"without {knob}", k["base"])
             elif k["kind"] == "choice" and len(k["values"]) > 1:
-                other = next(v for v in k["values"] if v != best[knob])
+                other = next(v for v in k["values"] if v != recommended[knob])
                 arms[knob] = (f"{knob} = {_show(other)}", other)
         for knob, (arm, value) in arms.items():
             for seed in self.plan["seeds"]["ablate"]:
-                params = dict(best, **{knob: value})
+                params = dict(recommended, **{knob: value})
                 self.reg.add_trial("ablate", arm, seed, params, self._job(params, seed))
         self._run_queued("ablate")
         if self.reg.decided("ablate"):
             return
+        where = "the adopted config" if adopted else "the base config"
         for knob, (arm, value) in arms.items():
-            d = stats.diff_ci(self._values("confirm", "best"), self._values("ablate", arm),
-                              self.study["decision"]["confidence"])
-            change = f"setting it to {_show(value)} (best: {_show(best[knob])})"
-            text = (f"{knob} matters: {change} changes {self._name()} by {self._diff_text(d, sign=-1)}"
-                    if d["detectable"] else f"{knob}: no detectable difference when {change[0].lower() + change[1:]}: "
-                    f"{self._diff_text(d, sign=-1)}")
+            d = stats.diff_ci(against, self._values("ablate", arm), self.study["decision"]["confidence"])
+            change = f"set to {_show(value)} alone in {where} (there: {_show(recommended[knob])})"
+            text = (f"{knob} matters: {change}, {self._name()} changes by {self._diff_text(d, sign=-1)}"
+                    if d["detectable"] else
+                    f"{knob}: no detectable difference when {change}: {self._diff_text(d, sign=-1)}")
             self.reg.decide("ablate", "ablate: " + text, {"knob": knob, "arm": arm, **d})
         for knob in (k for k in self.study["knobs"] if k not in arms):
-            self.reg.decide("ablate", f"ablate: {knob}: kept at its base value, not ablated", {"knob": knob})
+            self.reg.decide("ablate", f"ablate: {knob}: nothing to vary it to, not ablated", {"knob": knob})
 
     # -- trials ---------------------------------------------------------------------------------
     def _job(self, params: dict, seed: int) -> dict:
