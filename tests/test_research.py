@@ -42,6 +42,8 @@ def study(**over):
     ({"metric": {"kind": "steps_to"}}, "steps_to needs an accuracy threshold"),
     ({"metric": {"kind": "loss"}}, "one of final_accuracy, auc, steps_to"),
     ({"budget": {"max_trials": 0}}, "budget.max_trials' must be a positive integer"),
+    ({"budget": {"max_wall_s": float("nan")}}, "budget.max_wall_s' must be a positive number"),
+    ({"knobs": {"models.policy.lr": {"uniform": [0.0, float("inf")]}}}, "uniform must be [low, high]"),
     ({"colour": "blue"}, "unknown field 'colour'"),
     ({"question": ""}, "field 'question'"),
 ])

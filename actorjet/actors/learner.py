@@ -30,7 +30,7 @@ from actorjet.serving import episode_store, threads
 from actorjet.rl import align, exact_attention, pack
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
-from actorjet.runtime import endpoints
+from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
@@ -89,8 +89,7 @@ class Learner(ManagedActor):
         self.pulled = self.step            # batches taken (trained, training or prefetched)
         self.directory = threading.Event()      # task weights known: only then are batches mixed
         self.stopping = threading.Event()
-        self.prefetcher = threading.Thread(target=self._prefetch, name=f"prefetch.{self.model_name}", daemon=True)
-        self.prefetcher.start()
+        self.prefetcher = guarded.start(self._prefetch, f"prefetch.{self.model_name}")
         self.wakeupAfter(timedelta(seconds=POLL_S))
 
     def _load_kwargs(self) -> dict:
@@ -142,21 +141,19 @@ class Learner(ManagedActor):
     # -- the pull ----------------------------------------------------------------------------
     def _prefetch(self) -> None:
         """Claim and pack the next batch while the actor trains the current one (a thread:
-        packing overlaps the optimizer step).  A failure no group explains is handed to the
-        actor, which crashes on it: its supervisor restarts the learner, which pulls again."""
+        packing overlaps the optimizer step).  A failure no group explains kills the thread,
+        and with it this actor's process (runtime/guarded.py): its supervisor restarts the
+        learner, which rewinds the store and pulls again."""
         self.directory.wait()
         while not self.stopping.is_set():
             if self.pulled >= self.train_cfg["steps"]:
                 self.stopping.wait(IDLE_S)
                 continue
-            try:
-                batch = next_batch(self.store, self.batching)
-            except Exception as e:  # noqa: BLE001 - handed to the actor (see above)
-                batch = e
+            batch = next_batch(self.store, self.batching)
             if batch is None:
                 self.stopping.wait(IDLE_S)
                 continue
-            if isinstance(batch, dict) and batch["samples"] is not None:
+            if batch["samples"] is not None:
                 self.pulled += 1
             while not self.stopping.is_set():
                 try:
@@ -164,16 +161,12 @@ class Learner(ManagedActor):
                     break
                 except queue.Full:
                     pass
-            if isinstance(batch, Exception):
-                return
 
     def receiveMsg_WakeupMessage(self, msg, sender):
         try:
             batch = self.ready.get_nowait()
         except queue.Empty:
             batch = None
-        if isinstance(batch, Exception):
-            raise RuntimeError(f"{self.model_name}: building a batch failed: {batch}") from batch
         if batch is not None:
             for group_id, cause in batch["quarantined"]:
                 self._quarantined(group_id, cause)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import json
 import tomllib
 from pathlib import Path
@@ -120,7 +121,8 @@ def _knob(job: dict, name: str, rule, where: str) -> dict:
             raise UserError(f"{here}: choice must be a non-empty list")
         ends = values
     else:
-        if not (isinstance(values, list) and len(values) == 2 and all(isinstance(v, (int, float)) for v in values)
+        if not (isinstance(values, list) and len(values) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
                 and values[0] < values[1]):
             raise UserError(f"{here}: {kind} must be [low, high] with low < high")
         if kind == "log_uniform" and values[0] <= 0:
@@ -176,6 +178,6 @@ def _int(table: dict, key: str, default: int, where: str, section: str) -> int:
 
 def _num(table: dict, key: str, default: float, where: str, section: str) -> float:
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise UserError(f"{where}: field '{section}.{key}' must be a positive number, got {value!r}")
     return float(value)
