@@ -19,12 +19,14 @@ import tomllib
 from pathlib import Path
 
 from actorjet.errors import UserError
+from actorjet.serving.heldout import eval_spec
 
 MODEL_DEFAULTS = {
     "name": "policy", "source": "tiny-arith", "engine": "transformers", "device": "cpu",
     "dtype": "float32", "trainable": True, "lr": 1e-4, "clip": 0.2, "kl": 0.0, "grad_clip": 1.0,
     "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
     "eval_max_tokens": 8, "default_max_tokens": 256,
+    "eval_split": "validation",   # the held-out split the learner reports (task sources' eval_tasks(split))
     "merge": "auto",   # context tracker: none | prefix | tree | auto (the best the model supports)
     "attention": "model",         # model (its own kernel) | exact (packing changes no bit; slower)
     "merge_match": "ids",         # ids | text (for engines that re-tokenize; see rl/align.py)
@@ -145,6 +147,22 @@ def check_tasks(job: dict) -> None:
             pickle_function(module, fn)
         except Unshippable as e:
             raise UserError(f"{where}: {e}") from None
+        for model in job["models"]:
+            _check_split(task, model)
+
+
+def _check_split(task: dict, model: dict) -> None:
+    """The held-out split a model reports must exist in every task source that evaluates it."""
+    where, split = f"task {task['name']!r}: model {model['name']!r}", model["eval_split"]
+    try:
+        spec = eval_spec(task["source"], model["name"], split)
+        if spec is not None:
+            spec[0]()
+    except Exception as e:  # noqa: BLE001 - user code may fail in any way
+        raise UserError(f"{where}: held-out split {split!r}: {type(e).__name__}: {e}") from None
+    if spec is None and eval_spec(task["source"], model["name"]) is not None:
+        raise UserError(f"{where} asks for the held-out split {split!r}, but {task['source']}.eval_tasks "
+                        "has one set only (give it a split parameter)")
 
 
 def build_model(source: str, seed: int, progress=None) -> str:

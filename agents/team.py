@@ -40,11 +40,11 @@ def behavior(task: dict, llm) -> dict:
 
 # -- held-out evaluation, per model ------------------------------------------------------------
 
-def _judge_eval_tasks(n: int = 256) -> list[dict]:
+def _judge_eval_tasks(split: str = "validation", n: int = 256) -> list[dict]:
     """Drafts as a proposer makes them: right, or a near miss."""
     rng = random.Random(JUDGE_EVAL_SEED)
     out = []
-    for task in arithmetic.eval_tasks(n):
+    for task in arithmetic.eval_tasks(split, n):
         draft = max(0, int(task["answer"]) + rng.choice([0, 0, -1, 1, 2, -2, 10, -10]))
         out.append({"prompt": judge_prompt(task["question"], str(draft)), "digit": task["answer"][-1]})
     return out

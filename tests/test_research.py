@@ -17,6 +17,7 @@ from actorjet.research import planner
 from actorjet.research.plan import check_budget, make_plan
 from actorjet.research.registry import StudyRegistry
 from actorjet.research.spec import check_study
+from actorjet.research.stats import diff_ci, mean_ci, t_quantile
 from swarm import REPO, wait_until
 
 BASE = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 2, "checkpoint_every": 1000}],
@@ -51,6 +52,33 @@ def test_study_mistakes_name_the_field(over, message):
     with pytest.raises(UserError) as e:
         check_study(study(**over), "s.toml")
     assert message in str(e.value) and str(e.value).startswith("s.toml: ")
+
+
+def test_split_less_task_sources_are_refused_by_a_study(tmp_path, monkeypatch):
+    (tmp_path / "onesplit.py").write_text("from agents.arithmetic import tasks, messages, score\n"
+                                          "def eval_tasks():\n    return [{'question': '1+1=', 'answer': '2'}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = dict(BASE, tasks=[dict(BASE["tasks"][0], source="onesplit")])
+    with pytest.raises(UserError, match="onesplit.eval_tasks has no 'test' split"):
+        check_study(study(base_job=base), "s.toml")
+
+
+@pytest.mark.parametrize("df,expected", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)])
+def test_t_quantiles_match_the_printed_tables(df, expected):
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=1e-3)
+    assert t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-3)
+
+
+def test_three_seeds_need_a_clear_separation_before_a_difference_is_called():
+    # bench/research.py's second run: a null knob, 3 seeds each side, a gap of 0.011 with seed
+    # spreads of 0.005 (d = 2.2).  The percentile bootstrap excluded 0; Welch's interval (what
+    # decides) must not.
+    a, b = [0.761, 0.766, 0.771], [0.750, 0.755, 0.760]
+    d = diff_ci(a, b)
+    assert d["boot_low"] > 0 and d["low"] < 0 < d["high"] and not d["detectable"]
+    assert diff_ci([0.80, 0.81, 0.82], [0.70, 0.71, 0.72])["detectable"]           # a real gap is still seen
+    mean, low, high = mean_ci([0.70, 0.72, 0.71])
+    assert mean == pytest.approx(0.71) and high - mean == pytest.approx(4.303 * 0.01 / 3 ** 0.5, rel=1e-3)
 
 
 def test_plan_counts_trials_refuses_a_small_budget_and_a_directory_of_another_spec(tmp_path):
@@ -177,6 +205,11 @@ def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_
     status = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "research", "status", str(out)],
                             capture_output=True, text=True, cwd=REPO, timeout=60)
     assert status.returncode == 0 and "decided: baseline" in status.stdout
+    # explore selected on the validation split; every other stage was measured on test
+    db = sqlite3.connect(out / "study.sqlite")
+    for stage, run_dir in db.execute("SELECT stage, run_dir FROM trials WHERE state = 'done'"):
+        evals = [r for r in map(json.loads, open(f"{run_dir}/metrics.jsonl")) if r.get("kind") == "eval"]
+        assert evals and {r["split"] for r in evals} == {"validation" if stage == "explore" else "test"}, stage
 
 
 @pytest.mark.slow

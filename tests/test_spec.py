@@ -6,6 +6,7 @@ import pytest
 
 from actorjet.errors import UserError
 from actorjet.runtime.spec import ChildSpec, find, load_tree, parse_tree
+from swarm import REPO
 
 GOOD = """
 id = "root"
@@ -121,6 +122,23 @@ def test_cli_checks_task_code_before_starting(tmp_path, module, behavior_code, m
     assert message in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "run" / "head.json").exists()
+
+
+@pytest.mark.parametrize("split, source, message", [
+    ("tset", "agents.arithmetic", "held-out split 'tset': ValueError: unknown split 'tset' (known: validation, test)"),
+    ("test", "onesplit", "asks for the held-out split 'test', but onesplit.eval_tasks has one set only"),
+])
+def test_a_held_out_split_the_task_lacks_is_refused_before_starting(tmp_path, split, source, message):
+    (tmp_path / "onesplit.py").write_text("from agents.arithmetic import tasks, behavior, messages, score\n"
+                                          "def eval_tasks():\n    return [{'question': '1+1=', 'answer': '2'}]\n")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[[models]]\neval_split = "{split}"\n[[tasks]]\nname = "t"\nsource = "{source}"\n'
+                   f'behavior = "{source}:behavior"\n')
+    env = dict(__import__("os").environ, PYTHONPATH=f"{tmp_path}:{REPO}")
+    out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "start", "--config", str(job),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60,
+                         env=env, cwd=REPO)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_one_backoff_policy_for_every_restart():

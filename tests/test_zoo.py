@@ -30,7 +30,8 @@ import sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from actorjet.serving import zoo
-from actorjet.serving.evaluate import eval_spec, greedy_accuracy
+from actorjet.serving.evaluate import greedy_accuracy
+from actorjet.serving.heldout import eval_spec
 path = zoo.resolve("tiny-arith", 0)
 model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 print(greedy_accuracy(model, tok, eval_spec("agents.arithmetic", "policy")))

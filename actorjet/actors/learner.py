@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from actorjet.job import model_config_here
-from actorjet.serving.evaluate import eval_spec, greedy_accuracy
+from actorjet.serving.evaluate import greedy_accuracy
+from actorjet.serving.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
 from actorjet.serving import episode_store, threads
 from actorjet.rl import align, exact_attention, pack
@@ -81,7 +82,9 @@ class Learner(ManagedActor):
                                     merge=merge_mode(self.cfg), mix=self.train_cfg.get("mix", "fill"),
                                     fill_after_s=float(self.train_cfg.get("fill_after_s", 0.5)),
                                     prepare=self._prepare)
-        self.evals = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name))]
+        split = self.cfg["eval_split"]
+        self.evals = [(t["name"], spec) for t in job["tasks"]
+                      if (spec := eval_spec(t["source"], self.model_name, split))]
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
         self._send_counts()
@@ -254,8 +257,9 @@ class Learner(ManagedActor):
         for task, spec in self.evals:
             t0 = time.perf_counter()
             acc = greedy_accuracy(self.model, self.tokenizer, spec, self.cfg["eval_max_tokens"])
-            self._metric({"kind": "eval", "model": self.model_name, "task": task, "step": self.step,
-                          "weight_version": self.version, "accuracy": acc, "eval_time_s": time.perf_counter() - t0})
+            self._metric({"kind": "eval", "model": self.model_name, "task": task, "split": self.cfg["eval_split"],
+                          "step": self.step, "weight_version": self.version, "accuracy": acc,
+                          "eval_time_s": time.perf_counter() - t0})
             log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, self.step, task, acc)
 
     def _metric(self, record: dict) -> None:

@@ -109,8 +109,8 @@ class Controller:
             while self._free() and asked < n and not self._over():
                 trial = self._ask(None)
                 params = {name: trial.params[name] for name in self.study["knobs"]}
-                tid = self.reg.add_trial("explore", f"t{trial.number}", seed, params, self._job(params, seed),
-                                         trial.number)
+                job = self._job(params, seed, "validation")
+                tid = self.reg.add_trial("explore", f"t{trial.number}", seed, params, job, trial.number)
                 self._start(self._trial(tid), trial)
                 asked += 1
             if not self.running and (asked >= n or self._over()):
@@ -212,13 +212,16 @@ class Controller:
             self.reg.decide("ablate", f"ablate: {knob}: nothing to vary it to, not ablated", {"knob": knob})
 
     # -- trials ---------------------------------------------------------------------------------
-    def _job(self, params: dict, seed: int) -> dict:
-        """A trial's job: the knob values, its own training seed, and the study's one starting
-        model (built once from the base job's seed: a seed varies training, not the model)."""
+    def _job(self, params: dict, seed: int, split: str = "test") -> dict:
+        """A trial's job: the knob values, its own training seed, the study's one starting model
+        (built once from the base job's seed: a seed varies training, not the model), and the
+        held-out split it is measured on: explore selects on ``validation``, every other stage
+        compares on ``test``, so the report's figures are not the ones selection was tuned to."""
         job = apply(self.study["base_job"], params)
         job["train"]["seed"] = seed
         for model in job["models"]:
             model["path"] = self.model_paths[model["name"]]
+            model["eval_split"] = split
         return job
 
     def _ask(self, params: dict | None):
@@ -345,8 +348,10 @@ class Controller:
     def _diff_text(self, d: dict, sign: int = 1) -> str:
         flip = -1 if self.study["metric"]["kind"] == "steps_to" else 1
         lo, hi = sorted((sign * flip * d["low"], sign * flip * d["high"]))
-        return f"{sign * flip * d['diff']:+.3f} ({self.study['decision']['confidence']:.0%} CI {lo:+.3f} … {hi:+.3f}, " \
-               f"d = {sign * flip * d['d']:.2f}, n = {d['n'][0]} vs {d['n'][1]})"
+        blo, bhi = sorted((sign * flip * d["boot_low"], sign * flip * d["boot_high"]))
+        return (f"{sign * flip * d['diff']:+.3f} ({self.study['decision']['confidence']:.0%} CI {lo:+.3f} … {hi:+.3f} "
+                f"(Welch t; bootstrap {blo:+.3f} … {bhi:+.3f}), d = {sign * flip * d['d']:.2f}, "
+                f"n = {d['n'][0]} vs {d['n'][1]}, test split)")
 
 
 def _within(value, knob: dict) -> bool:

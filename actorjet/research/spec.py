@@ -66,9 +66,7 @@ def check_study(data: dict, where: str = "study", base_dir: Path = Path(".")) ->
         raise UserError(f"{where}: field 'metric.kind': one of {', '.join(METRICS)}, got {kind!r}")
     if kind == "steps_to" and not isinstance(metric.get("threshold"), (int, float)):
         raise UserError(f"{where}: field 'metric.threshold': steps_to needs an accuracy threshold, e.g. 0.5")
-    if not any(_has_eval(t["source"]) for t in job["tasks"]):
-        raise UserError(f"{where}: field 'metric': no task of the base job has a held-out evaluation "
-                        "(eval_tasks/messages/score), so the metric cannot be measured")
+    _check_splits(job, where)
     budget = _table(data, "budget", where)
     budget = {"max_trials": _int(budget, "max_trials", 30, where, "budget"),
               "max_wall_s": _num(budget, "max_wall_s", 3600.0, where, "budget"),
@@ -152,14 +150,26 @@ def _locate(job: dict, path: str) -> tuple[dict, str]:
     raise KeyError("a knob is train.FIELD, models.NAME.FIELD or tasks.NAME.FIELD")
 
 
-def _has_eval(source: str) -> bool:
-    import importlib
+def _check_splits(job: dict, where: str) -> None:
+    """A study selects on the ``validation`` split and reports on ``test``: some task must be
+    evaluated, and every evaluated task must have both."""
+    from actorjet.serving.heldout import eval_spec
 
-    try:
-        module = importlib.import_module(source)
-    except ImportError:
-        return False
-    return hasattr(module, "eval_for") or all(hasattr(module, f) for f in ("eval_tasks", "messages", "score"))
+    evaluated = 0
+    for task in job["tasks"]:
+        for model in job["models"]:
+            try:
+                splits = [eval_spec(task["source"], model["name"], s) for s in ("validation", "test")]
+            except ImportError as e:
+                raise UserError(f"{where}: base_job task {task['name']!r}: cannot import {task['source']}: {e}") from None
+            if splits[0] is not None and splits[1] is None:
+                raise UserError(f"{where}: base_job task {task['name']!r}: {task['source']}.eval_tasks has no 'test' "
+                                "split; a study selects on 'validation' and reports on 'test' (give eval_tasks "
+                                "a split parameter)")
+            evaluated += splits[0] is not None
+    if not evaluated:
+        raise UserError(f"{where}: field 'metric': no task of the base job has a held-out evaluation "
+                        "(eval_tasks/messages/score), so the metric cannot be measured")
 
 
 def _table(data: dict, key: str, where: str) -> dict:

@@ -36,10 +36,12 @@ def build(study_dir: str | Path) -> Path:
     lines += [f"| {s['name']} | {s.get('trials_at_most', '')} |" for s in plan["stages"]]
     lines += ["", f"Metric: {study['metric']['kind']}"
               + (f" (threshold {study['metric']['threshold']})" if study['metric']['kind'] == 'steps_to' else "")
-              + f"; decisions need the {study['decision']['confidence']:.0%} bootstrap CI of a difference to "
-              "exclude 0.", "", "## Decisions", ""]
+              + f"; decisions need the {study['decision']['confidence']:.0%} Welch t interval of a difference "
+              "to exclude 0 (the bootstrap interval is shown next to it). Explore selects on the "
+              "'validation' held-out split; baseline, confirm and ablate are measured on 'test'.",
+              "", "## Decisions", ""]
     lines += [f"- **{d['stage']}**: {d['text']}" for d in decisions]
-    lines += ["", "## Arms", "", "| stage | arm | seeds done | mean | 95% CI |", "|---|---|---|---|---|"]
+    lines += ["", "## Arms (test split)", "", "| stage | arm | seeds done | mean | 95% CI (t) |", "|---|---|---|---|---|"]
     for (stage, arm), values in _arms(trials).items():
         mean, low, high = stats.mean_ci(values)
         lines.append(f"| {stage} | {arm} | {len(values)} | {mean:.3f} | {low:.3f} … {high:.3f} |")
@@ -51,8 +53,8 @@ def build(study_dir: str | Path) -> Path:
     lines += [f"| {t['id']} | {t['stage']} | {t['arm']} | {t['seed']} | {t['state']} | {_number(t['metric'])} | "
               f"`{t['run_dir']}` |" for t in trials]
     lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures if p is not None]
-    lines += ["", "Limitations: one held-out set serves selection and the final comparison (fresh seeds, not a "
-              "fresh split); metrics are the learner's greedy evaluations."]
+    lines += ["", "Limitations: metrics are the learner's greedy evaluations of one task source's held-out "
+              "splits; 3 seeds per arm detect only large effects."]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -110,7 +112,7 @@ def _curves(out: Path, trials: list[dict]) -> Path | None:
     ax.set_xlabel("learner step")
     ax.set_ylabel("held-out accuracy")
     ax.legend(fontsize=7)
-    ax.set_title("learning curves per arm (mean, 95% bootstrap band)")
+    ax.set_title("learning curves per arm (mean, 95% t band)")
     return _save(fig, out / "curves.png")
 
 

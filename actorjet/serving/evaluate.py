@@ -1,27 +1,12 @@
-"""Held-out evaluation: greedy answers from the current weights, scored by the task.
-
-A task source opts in by defining ``eval_tasks()``, ``messages(task)`` and
-``score(task, text)`` — or, when its episodes use several models, ``eval_for(model)``
-returning that triple for the model (or None).  The learner runs it on its own weights (no swarm round trip), so
-"accuracy before/after" measures the model, not the network.
+"""Held-out evaluation: greedy answers from the current weights, scored by the task (which
+tasks, and how they are asked and scored: serving/heldout.py).  The learner runs it on its own
+weights (no swarm round trip), so "accuracy before/after" measures the model, not the network.
 """
 from __future__ import annotations
-
-import importlib
 
 import torch
 
 from actorjet.serving.engine import GenRequest, TransformersEngine
-
-
-def eval_spec(source: str, model_name: str) -> tuple | None:
-    """(eval_tasks, messages, score) that measure ``model_name`` on this task source, or None."""
-    module = importlib.import_module(source)
-    if hasattr(module, "eval_for"):
-        return module.eval_for(model_name)
-    if all(hasattr(module, f) for f in ("eval_tasks", "messages", "score")):
-        return module.eval_tasks, module.messages, module.score
-    return None
 
 
 @torch.no_grad()

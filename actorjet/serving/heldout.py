@@ -1,0 +1,31 @@
+"""Which held-out tasks measure a model, without torch (the head checks a job with it).
+
+A task source opts in by defining ``eval_tasks(split)`` (or ``eval_tasks()``: one split),
+``messages(task)`` and ``score(task, text)`` — or, when its episodes use several models,
+``eval_for(model)`` returning that triple for the model (or None).  Splits: ``validation``
+is what training runs report; ``test`` is kept for a study's final comparison.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+
+def eval_spec(source: str, model_name: str, split: str = "validation") -> tuple | None:
+    """(eval_tasks, messages, score) that measure ``model_name`` on ``split`` of this task
+    source, or None.  A source whose ``eval_tasks`` takes no ``split`` has one held-out set,
+    which counts as its validation split."""
+    module = importlib.import_module(source)
+    if hasattr(module, "eval_for"):
+        spec = module.eval_for(model_name)
+    elif all(hasattr(module, f) for f in ("eval_tasks", "messages", "score")):
+        spec = (module.eval_tasks, module.messages, module.score)
+    else:
+        return None
+    if spec is None:
+        return None
+    eval_tasks, messages, score = spec
+    if "split" in inspect.signature(eval_tasks).parameters:
+        return functools.partial(eval_tasks, split=split), messages, score
+    return spec if split == "validation" else None
