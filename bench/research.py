@@ -24,6 +24,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sqlite3
 import subprocess
@@ -142,7 +143,8 @@ def main() -> None:
         "early_stopping_savings": 1 - spent / full_cost, "winner_with_pruning": study_winner,
         "winner_without_pruning": full_winner, "same_winner": study_winner == full_winner,
         "null_knob": null[0] if null else "not ablated (nothing adopted, or the knob was not varied)",
-        "null_knob_no_difference": bool(null) and "no detectable difference" in null[0],
+        "null_knob_no_difference": bool(null) and "no detectable difference" in null[0]
+        and all(int(n) >= 2 for n in re.search(r"n = (\d+) vs (\d+)", null[0]).groups()),
     }
     table([("study wall time (with kills)", f"{ran['wall_s'] / 60:.1f} min", "<= 40 min"),
            ("controller SIGKILLs / duplicated trials", f"{len(ran['killed_at_s'])} / {duplicated}", "3 / 0"),

@@ -18,7 +18,7 @@ from actorjet.research.plan import check_budget, make_plan
 from actorjet.research.registry import StudyRegistry
 from actorjet.research.spec import check_study
 from actorjet.research.stats import diff_ci, mean_ci, t_quantile
-from swarm import REPO, wait_until
+from swarm import REPO, Proc, wait_until
 
 BASE = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 2, "checkpoint_every": 1000}],
         "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
@@ -47,6 +47,10 @@ def study(**over):
     ({"knobs": {"models.policy.lr": {"uniform": [0.0, float("inf")]}}}, "uniform must be [low, high]"),
     ({"colour": "blue"}, "unknown field 'colour'"),
     ({"question": ""}, "field 'question'"),
+    ({"trials": {"hots": "10.0.0.5"}}, "unknown field 'trials.hots'"),
+    ({"trials": {"port": 1900}}, "field 'trials.token_file': nodes joined to a fixed trials.port need"),
+    ({"trials": {"port": "1900"}}, "field 'trials.port' must be int"),
+    ({"trials": {"token_file": "no-such.token"}}, "field 'trials.token_file': no file at"),
 ])
 def test_study_mistakes_name_the_field(over, message):
     with pytest.raises(UserError) as e:
@@ -79,6 +83,25 @@ def test_three_seeds_need_a_clear_separation_before_a_difference_is_called():
     assert diff_ci([0.80, 0.81, 0.82], [0.70, 0.71, 0.72])["detectable"]           # a real gap is still seen
     mean, low, high = mean_ci([0.70, 0.72, 0.71])
     assert mean == pytest.approx(0.71) and high - mean == pytest.approx(4.303 * 0.01 / 3 ** 0.5, rel=1e-3)
+
+
+def test_ablation_compares_with_the_baseline_stage_when_confirm_had_nothing_to_run(tmp_path):
+    """The base config won explore, so confirm ran nothing: the ablated knob is compared with
+    the baseline stage's trials (same config, test split), never with an empty arm."""
+    from actorjet.research.controller import Controller
+
+    knobs = {"models.policy.lr": LR, "models.policy.checkpoint_every": {"choice": [1000, 5]}}
+    spec = check_study(study(knobs=knobs, seeds={"baseline": 3, "ablate": 3}), "s.toml")
+    c = Controller(spec, tmp_path, say=lambda *_: None)
+    finished = {("baseline", "baseline"): [0.70, 0.71, 0.72],
+                ("ablate", "models.policy.checkpoint_every = 5"): [0.705, 0.715, 0.71]}
+    for (stage, arm), values in finished.items():
+        for seed, value in zip(c.plan["seeds"][stage], values):
+            c.reg.update(c.reg.add_trial(stage, arm, seed, {}, {}), state="done", metric=value, attempts=1)
+    c._stage_ablate({k: v["base"] for k, v in c.study["knobs"].items()}, adopted=False)
+    texts = [d["text"] for d in c.reg.decisions() if d["stage"] == "ablate"]
+    assert any("checkpoint_every: no detectable difference" in t and "n = 3 vs 3" in t for t in texts), texts
+    assert any("lr: nothing to vary it to" in t for t in texts), texts
 
 
 def test_plan_counts_trials_refuses_a_small_budget_and_a_directory_of_another_spec(tmp_path):
@@ -237,3 +260,33 @@ def test_a_crashing_trial_is_retried_once_then_recorded_failed_and_a_bad_planner
     # the planner's invalid proposal was rejected with its reason, and the playbook ran
     assert ScriptedPlanner.asked == 1
     assert "planner: proposal rejected (knob 'train.kl' is not one of the spec's" in report
+
+
+@pytest.mark.slow
+def test_trials_run_on_a_head_the_user_names_with_a_node_joined_once(swarm, network, tmp_path):
+    """[trials] host/port/token_file: each trial's head comes up at HOST:PORT with one token,
+    so a node joined once from another host is re-admitted by every trial and runs all the
+    episodes (the trial heads have no runner slots of their own)."""
+    import secrets
+
+    from swarm import free_port
+
+    head, alpha = network.host("head"), network.host("alpha")
+    port = free_port()
+    swarm.ports += [port, port + 1]
+    (tmp_path / "swarm.token").write_text(secrets.token_hex(16) + "\n")
+    token = (tmp_path / "swarm.token").read_text().strip()
+    spec = tmp_path / "named.toml"
+    spec.write_text(toml(study(seeds={"baseline": 1, "explore": 1}, explore={"trials": 1},
+                               trials={"host": head.ip, "port": port, "token_file": "swarm.token", "slots": 0})))
+    out = tmp_path / "study"
+    controller = Proc(["research", "run", str(spec), "--dir", str(out)], swarm.env_of(head), prefix=head.prefix)
+    swarm.procs.append(controller)
+    wait_until(lambda: any((out / "trials").glob("*/head.json")), 300, interval_s=0.5, what="the first trial's head")
+    node, _ = swarm.join(port, token, "alpha", slots=1, head_host=head.ip, host=alpha)
+    assert controller.wait_exit(600) == 0, controller.output
+    rows = trials(out)
+    assert [(stage, state) for stage, _, _, state, _, _ in rows] == [("baseline", "done"), ("explore", "done")]
+    for run_dir in sorted((out / "trials").iterdir()):
+        assert json.loads((run_dir / "head.json").read_text())["port"] == port
+    node.wait_for("re-admitted by the head", 10)        # the second trial's head took the node back

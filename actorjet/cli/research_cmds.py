@@ -45,6 +45,14 @@ def cmd_plan(args) -> int:
     print(f"trials: at most {plan['trials_at_most']} (budget {study['budget']['max_trials']}), "
           f"~{plan['seconds_per_trial']:.0f} s each, {study['budget']['parallel']} at once: "
           f"~{plan['estimate_s'] / 60:.0f} min at most (budget {study['budget']['max_wall_s'] / 60:.0f} min)")
+    where = study["trials"]
+    if where["port"]:
+        ports = ", ".join(str(where["port"] + 2 * i) for i in range(study["budget"]["parallel"]))
+        print(f"trial heads at {where['advertise'] or where['host']} port {ports} with the token in "
+              f"{where['token_file']}, {where['slots']} runner slots of their own: join nodes there with "
+              f"`actorjet join HOST:PORT --token-file {where['token_file']}` once the first trial is up")
+    else:
+        print(f"trial heads on this machine ({where['host']}, a free port each, {where['slots']} runner slots)")
     check_budget(study, plan)
     return 0
 

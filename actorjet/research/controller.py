@@ -51,6 +51,7 @@ class Controller:
         self.plan = self.reg.get("plan")
         self.deadline = self.reg.get("started") + study["budget"]["max_wall_s"]
         self.running: dict[int, tuple[subprocess.Popen, object]] = {}     # trial id → (process, optuna trial)
+        self.slot_of: dict[int, int] = {}          # trial id → its slot (of budget.parallel): fixes its port
         self.steps = study["base_job"]["train"]["steps"]
         self.out_of_budget = ""
         from actorjet.job import prepare
@@ -166,6 +167,7 @@ class Controller:
         d = stats.diff_ci(a, b, self.study["decision"]["confidence"])
         adopted = bool(best) and d["detectable"] and d["diff"] > 0
         verdict = ("adopted: the best config beats the baseline" if adopted else
+                   "not compared: too few finished trials, the baseline stays" if min(d["n"]) < 2 else
                    "no detectable difference: the baseline stays" if not d["detectable"] else
                    "rejected: the best config is worse than the baseline on fresh seeds")
         self.reg.decide("confirm", f"confirm: {_show(best)} vs baseline: {self._name()} difference "
@@ -182,7 +184,9 @@ class Controller:
         gets an answer — it matters, or "no detectable difference" — whatever confirm decided."""
         base = {k: v["base"] for k, v in self.study["knobs"].items()}
         recommended = best if adopted else base
-        against = self._values("confirm", "best" if adopted else "baseline")
+        # the recommended config's own trials on fresh seeds: confirm's, or the baseline stage's
+        # when confirm had nothing to run (the base config was the best explored)
+        against = self._values("confirm", "best" if adopted else "baseline") or self._values("baseline", "baseline")
         arms = {}
         for knob, k in self.study["knobs"].items():
             explored = best.get(knob, k["base"])
@@ -206,6 +210,8 @@ class Controller:
             change = f"set to {_show(value)} alone in {where} (there: {_show(recommended[knob])})"
             text = (f"{knob} matters: {change}, {self._name()} changes by {self._diff_text(d, sign=-1)}"
                     if d["detectable"] else
+                    f"{knob}: not compared: too few finished trials (n = {d['n'][1]} vs {d['n'][0]})"
+                    if min(d["n"]) < 2 else
                     f"{knob}: no detectable difference when {change}: {self._diff_text(d, sign=-1)}")
             self.reg.decide("ablate", "ablate: " + text, {"knob": knob, "arm": arm, **d})
         for knob in (k for k in self.study["knobs"] if k not in arms):
@@ -268,6 +274,10 @@ class Controller:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         (run_dir / "job.json").write_text(json.dumps(t["job"]))
+        slot = min(set(range(self.study["budget"]["parallel"])) - set(self.slot_of.values()))
+        where = self.study.get("trials", {})
+        port = where.get("port") and where["port"] + 2 * slot          # +1 is the head's door
+        (run_dir / "trial.json").write_text(json.dumps({**where, "port": port}))
         log = open(run_dir / "trial.log", "w")
         proc = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(run_dir)], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -277,6 +287,7 @@ class Controller:
         if optuna_trial is not None:
             self.reg.update(t["id"], optuna=optuna_trial.number)
         self.running[t["id"]] = (proc, optuna_trial)
+        self.slot_of[t["id"]] = slot
         self.say(f"trial {t['id']} ({t['stage']}, {t['arm']}, seed {t['seed']}) started")
 
     def _poll(self) -> None:
@@ -292,7 +303,7 @@ class Controller:
                     ot.report(evals[-1][1], evals[-1][0])
                     if ot.should_prune():
                         _stop(proc)
-                        del self.running[tid]
+                        del self.running[tid], self.slot_of[tid]
                         self.reg.update(tid, state="pruned", finished=time.time(), metric=score(evals, self.study["metric"], self.steps))
                         self.optuna.tell(ot, state=optuna.trial.TrialState.PRUNED)
                         self.say(f"trial {tid} stopped early at step {evals[-1][0]} (pruner)")
@@ -301,7 +312,7 @@ class Controller:
             code = proc.poll()
             if code is None:
                 continue
-            del self.running[tid]
+            del self.running[tid], self.slot_of[tid]
             value = score(evals, self.study["metric"], self.steps)
             if code == 0 and value is not None:
                 self.reg.update(tid, state="done", metric=value, finished=time.time(), pid=None)

@@ -9,9 +9,11 @@
     [seeds]   baseline = 3; explore = 1; confirm = 3; ablate = 3
     [explore] trials = 12; min_evals = 1          # successive halving on the periodic evals
     [decision] confidence = 0.95                  # adopt only when the CI of the gain excludes 0
+    [trials]  host = "10.0.0.5"; port = 1900; token_file = "swarm.token"; slots = 0   # optional
 
 A knob is a path into the job: ``train.FIELD``, ``models.NAME.FIELD`` or ``tasks.NAME.FIELD``;
-both ends of its range must make a valid job.  Every mistake is a UserError naming the file
+both ends of its range must make a valid job.  ``[trials]`` says where trials run, not what
+they measure, so it is left out of the spec's hash (a study may resume elsewhere).  Every mistake is a UserError naming the file
 and the field, never a traceback.
 """
 from __future__ import annotations
@@ -43,7 +45,8 @@ def load_study(path: str | Path) -> dict:
 
 
 def check_study(data: dict, where: str = "study", base_dir: Path = Path(".")) -> dict:
-    known = {"question", "base_job", "metric", "budget", "knobs", "seeds", "explore", "decision", "planner"}
+    known = {"question", "base_job", "metric", "budget", "knobs", "seeds", "explore", "decision", "planner",
+             "trials"}
     for key in data:
         if key not in known:
             raise UserError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(known))})")
@@ -92,7 +95,44 @@ def check_study(data: dict, where: str = "study", base_dir: Path = Path(".")) ->
              "metric": {"kind": kind, "threshold": metric.get("threshold")}, "budget": budget, "seeds": seeds,
              "explore": explore, "decision": {"confidence": confidence}, "knobs": knobs}
     study["hash"] = hashlib.sha256(json.dumps(study, sort_keys=True).encode()).hexdigest()[:16]
+    study["trials"] = _trials(_table(data, "trials", where), where, base_dir)
     return study
+
+
+TRIAL_DEFAULTS = {"host": "127.0.0.1", "advertise": "", "port": 0, "token_file": "", "tree": "", "slots": 2}
+
+
+def _trials(table: dict, where: str, base_dir: Path) -> dict:
+    """Where each trial's head runs.  By default on this machine, a free port each, runners in
+    its own slots.  A head the user names: ``host``/``port``/``token_file`` put every trial's
+    head at HOST:PORT (slot i of ``parallel`` at PORT + 2i; PORT + 1 is its door) with one
+    token, so nodes joined once with ``actorjet join HOST:PORT`` are re-admitted by each trial
+    in turn and run its episodes (``slots = 0``: only they do)."""
+    for key, value in table.items():
+        if key not in TRIAL_DEFAULTS:
+            raise UserError(f"{where}: unknown field 'trials.{key}' (known: {', '.join(TRIAL_DEFAULTS)})")
+        if type(value) is not type(TRIAL_DEFAULTS[key]):
+            raise UserError(f"{where}: field 'trials.{key}' must be {type(TRIAL_DEFAULTS[key]).__name__}, "
+                            f"got {value!r}")
+    trials = {**TRIAL_DEFAULTS, **table}
+    if trials["slots"] < 0 or not 0 <= trials["port"] < 65535:
+        raise UserError(f"{where}: field 'trials.{'slots' if trials['slots'] < 0 else 'port'}' is out of range")
+    for key in ("token_file", "tree"):
+        if trials[key]:
+            path = Path(trials[key]) if Path(trials[key]).is_absolute() else base_dir / trials[key]
+            if not path.is_file():
+                raise UserError(f"{where}: field 'trials.{key}': no file at {path}")
+            if key == "token_file" and not path.read_text().strip():
+                raise UserError(f"{where}: field 'trials.token_file': {path} is empty")
+            trials[key] = str(path.resolve())
+    if trials["port"] and not trials["token_file"]:
+        raise UserError(f"{where}: field 'trials.token_file': nodes joined to a fixed trials.port need the "
+                        "same token for every trial (write one to a file: `openssl rand -hex 16 > swarm.token`)")
+    if trials["tree"]:
+        from actorjet.runtime.spec import load_tree
+
+        load_tree(trials["tree"])            # its mistakes are UserErrors naming file and line
+    return trials
 
 
 def apply(job: dict, params: dict) -> dict:

@@ -1,7 +1,11 @@
-"""One trial of a study: an embedded ActorJet head (its own process, free port and run dir)
-running a job until its last step is trained and evaluated.
+"""One trial of a study: an embedded ActorJet head (its own process and run dir) running a
+job until its last step is trained and evaluated.
 
-    python -m actorjet.research.trial RUN_DIR        (RUN_DIR/job.json written by the controller)
+    python -m actorjet.research.trial RUN_DIR
+
+The controller writes ``RUN_DIR/job.json`` and ``RUN_DIR/trial.json`` (the study's ``[trials]``
+table with this trial's port: where the head listens, its token, tree and own runner slots;
+by default a free port on 127.0.0.1 and two runners of its own).
 
 The controller watches ``RUN_DIR/metrics.jsonl`` (the learner's periodic evals), never this
 process's output, and stops it by PID when the pruner says so.
@@ -34,7 +38,11 @@ def main(run_dir: str) -> int:
     else:
         check_tasks(job)
     steps = job["train"]["steps"]
-    head = Head(run, load_tree(tree_path("default.toml")), job, port=free_port(), slots=RUNNERS)
+    where = json.loads((run / "trial.json").read_text()) if (run / "trial.json").exists() else {}
+    token = Path(where["token_file"]).read_text().strip() if where.get("token_file") else None
+    tree = load_tree(where.get("tree") or tree_path("default.toml"))
+    head = Head(run, tree, job, host=where.get("host", "127.0.0.1"), advertise=where.get("advertise") or None,
+                port=where.get("port") or free_port(), slots=where.get("slots", RUNNERS), token=token)
     head.start()
     try:
         last, since = -1, time.time()

@@ -1,0 +1,249 @@
+"""ActorJet against TRL's GRPOTrainer on the quickstart's exact work, side by side.
+
+    pip install -c constraints.txt -e '.[compare]'       # trl and datasets
+    python bench/vs_trl.py [--seeds 3] [--steps 150]
+
+The work: the shipped tiny-arith checkpoint (seed 0 for both; a seed varies training only),
+chat-templated prompts from agents/arithmetic.py, 32 groups × 8 samples per step, lr 1e-4,
+4 new tokens at temperature 1, clip 0.2, token-mean loss (TRL's ``dapo``), no KL, AdamW
+without weight decay, grad-norm clip 1.0, constant lr.  ActorJet runs the quickstart's job
+(2 runners, the agent talks through the ``openai`` SDK); TRL runs GRPOTrainer on the CPU.
+
+Both are evaluated with ActorJet's own evaluator (greedy, the 512 validation problems) every
+10 steps.  The clock is wall time from the first step's start, **with evaluation excluded for
+both**: TRL's evaluation runs in a callback and is subtracted; ActorJet's learner reports each
+evaluation's duration and it is subtracted (rollouts may continue meanwhile, which the
+"eval_overlap" column shows, so the figure is not flattering by hiding work: see the
+docstring of ``actorjet_clock``).  Runs alternate framework order per seed (interleaved
+rounds), each in its own process.  Prints time to 50/55/60% held-out accuracy, final
+accuracy, accuracy at equal wall time, s/step and where ActorJet's step time goes, with
+medians and 95% t intervals over seeds; writes bench/results/vs_trl.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+from common import table, write  # noqa: E402
+
+THRESHOLDS = (0.50, 0.55, 0.60)
+EVAL_EVERY = 10
+GROUPS, GROUP_SIZE, LR, MAX_TOKENS = 32, 8, 1e-4, 4
+
+
+# -- TRL -----------------------------------------------------------------------------------------
+def trl_run(seed: int, steps: int, out: Path) -> None:
+    """GRPOTrainer on the CPU; a callback evaluates every EVAL_EVERY steps off the clock."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from actorjet.serving import zoo
+    from actorjet.serving.evaluate import greedy_accuracy
+    from actorjet.serving.heldout import eval_spec
+    from agents import arithmetic
+
+    torch.manual_seed(seed)
+    path = zoo.resolve("tiny-arith", 0)
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    stream = arithmetic.tasks(seed)
+    rows = [next(stream) for _ in range(steps * GROUPS)]
+    data = Dataset.from_list([{"prompt": arithmetic.messages(t), "answer": t["answer"]} for t in rows])
+    spec = eval_spec("agents.arithmetic", "policy")
+
+    def reward(completions, answer, **_):
+        return [arithmetic.score({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer)]
+
+    curve, clock = [], {"t0": None, "eval_s": 0.0}
+
+    class Evaluate(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            curve.append({"step": 0, "clock_s": 0.0, "accuracy": greedy_accuracy(model, tok, spec)})
+            clock["t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % EVAL_EVERY and state.global_step != steps:
+                return
+            start = time.perf_counter()
+            acc = greedy_accuracy(model, tok, spec)
+            curve.append({"step": state.global_step, "clock_s": start - clock["t0"] - clock["eval_s"],
+                          "accuracy": acc})
+            clock["eval_s"] += time.perf_counter() - start
+
+    cfg = GRPOConfig(output_dir=str(out.parent / "trl-out"), per_device_train_batch_size=GROUPS * GROUP_SIZE,
+                     num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, learning_rate=LR, beta=0.0,
+                     epsilon=0.2, loss_type="dapo", temperature=1.0, use_cpu=True, max_steps=steps,
+                     lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+                     logging_steps=10_000, report_to="none", save_strategy="no", seed=seed, shuffle_dataset=False,
+                     gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
+                          callbacks=[Evaluate()])
+    wall0 = time.perf_counter()
+    trainer.train()
+    out.write_text(json.dumps({"framework": "trl", "seed": seed, "curve": curve,
+                               "train_clock_s": time.perf_counter() - clock["t0"] - clock["eval_s"],
+                               "eval_s": clock["eval_s"], "wall_s": time.perf_counter() - wall0}))
+
+
+# -- ActorJet ------------------------------------------------------------------------------------
+def actorjet_run(seed: int, steps: int, out: Path) -> None:
+    """The quickstart's job on an embedded head (the model built from seed 0, training seed
+    ``seed``), until the last step is trained and evaluated."""
+    import copy
+
+    from actorjet import metrics
+    from actorjet.cli.train_cmds import QUICKSTART_JOB
+    from actorjet.job import normalize, prepare, tree_path
+    from actorjet.runtime.head import Head
+    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.system import free_port
+
+    spec = copy.deepcopy(QUICKSTART_JOB)
+    spec["train"].update(steps=steps, seed=0)
+    job = prepare(normalize(spec, "vs_trl"))
+    job["train"]["seed"] = seed
+    run = out.parent / "aj-run"
+    head = Head(run, load_tree(tree_path("default.toml")), job, port=free_port(), slots=2)
+    wall0 = time.perf_counter()
+    head.start()
+    try:
+        while True:
+            time.sleep(1)
+            rows = metrics.read(run)
+            evals = [r for r in rows if r.get("kind") == "eval"]
+            if evals and evals[-1]["step"] >= steps:
+                break
+            if time.perf_counter() - wall0 > 1800:
+                raise RuntimeError("ActorJet did not finish in 30 min")
+    finally:
+        head.stop()
+    curve, train_clock, eval_s = actorjet_clock(rows)
+    train = [r for r in rows if r.get("kind") == "train"]
+    parts = {k: statistics.fmean(r[k] for r in train) for k in ("batch_wait_s", "train_s", "publish_s",
+                                                                "step_time_s")}
+    out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve, "train_clock_s": train_clock,
+                               "eval_s": eval_s, "wall_s": time.perf_counter() - wall0, "parts": parts}))
+
+
+def actorjet_clock(rows: list[dict]) -> tuple[list[dict], float, float]:
+    """Evaluation points on the same clock as TRL's: zero when the step-0 evaluation ends (the
+    learner is ready; the engine and runners have been up a little longer, which favours
+    ActorJet by at most the first batch), each evaluation's own duration subtracted.  While
+    the learner evaluates, runners may fill the store up to the staleness bound (one step's
+    batch at most per evaluation), so subtracting it can hide up to one batch of rollout
+    time per evaluation; the report gives eval_s so a reader can add it back."""
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    trains = [r for r in rows if r.get("kind") == "train"]
+    t0, spent, curve = evals[0]["time"], 0.0, [{"step": 0, "clock_s": 0.0, "accuracy": evals[0]["accuracy"]}]
+    for e in evals[1:]:
+        start = e["time"] - e["eval_time_s"]
+        curve.append({"step": e["step"], "clock_s": start - t0 - spent, "accuracy": e["accuracy"]})
+        spent += e["eval_time_s"]
+    return curve, trains[-1]["time"] - t0 - spent, spent
+
+
+# -- comparison ----------------------------------------------------------------------------------
+def time_to(curve: list[dict], threshold: float) -> float | None:
+    return next((p["clock_s"] for p in curve if p["accuracy"] >= threshold), None)
+
+
+def accuracy_at(curve: list[dict], clock_s: float) -> float:
+    """Held-out accuracy of the last evaluation at or before ``clock_s``."""
+    return [p["accuracy"] for p in curve if p["clock_s"] <= clock_s + 1e-9][-1]
+
+
+def ci(values: list[float]) -> str:
+    from actorjet.research.stats import mean_ci
+
+    values = [v for v in values if v is not None]
+    if not values:
+        return "never"
+    mid = statistics.median(values)
+    if len(values) < 2:
+        return f"{mid:.1f}"
+    _, low, high = mean_ci(values)
+    return f"{mid:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--only", choices=("actorjet", "trl"), default=None, help="run one framework (profiling)")
+    args = ap.parse_args()
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("bench/vs_trl.py needs the `compare` extra: pip install -c constraints.txt -e '.[compare]'",
+              file=sys.stderr)
+        return 2
+    runs = []
+    for i, seed in enumerate(range(args.seeds)):
+        order = ["actorjet", "trl"] if i % 2 == 0 else ["trl", "actorjet"]
+        for fw in order if args.only is None else [args.only]:
+            with tempfile.TemporaryDirectory(prefix=f"vs-{fw}-") as tmp:
+                out = Path(tmp) / "result.json"
+                t0 = time.time()
+                proc = subprocess.run([sys.executable, __file__, f"_{fw}", str(seed), str(args.steps), str(out)],
+                                      cwd=REPO, capture_output=True, text=True, timeout=3600)
+                if proc.returncode != 0 or not out.exists():
+                    print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                    raise SystemExit(f"{fw} seed {seed} failed")
+                result = json.loads(out.read_text())
+            runs.append(result)
+            last = result["curve"][-1]
+            print(f"{fw:9s} seed {seed}: {last['accuracy']:.1%} after {last['step']} steps, "
+                  f"{result['train_clock_s']:.1f} s of training ({time.time() - t0:.0f} s in all)", flush=True)
+    summary = summarize(runs, args.steps)
+    write("vs_trl", {"steps": args.steps, "seeds": args.seeds, "runs": runs, "summary": summary})
+    return 0
+
+
+def summarize(runs: list[dict], steps: int) -> dict:
+    by = {fw: [r for r in runs if r["framework"] == fw] for fw in ("actorjet", "trl")}
+    by = {fw: rs for fw, rs in by.items() if rs}
+    equal = min(r["train_clock_s"] for r in runs)          # wall time both reached in every run
+    rows, summary = [], {}
+    for fw, rs in by.items():
+        s = {f"time_to_{int(x * 100)}": [time_to(r["curve"], x) for r in rs] for x in THRESHOLDS}
+        s["final_accuracy"] = [r["curve"][-1]["accuracy"] for r in rs]
+        s["accuracy_at_equal_time"] = [accuracy_at(r["curve"], equal) for r in rs]
+        s["s_per_step"] = [r["train_clock_s"] / steps for r in rs]
+        summary[fw] = s
+        rows.append((fw, *(ci(s[f"time_to_{int(x * 100)}"]) for x in THRESHOLDS),
+                     ci([100 * a for a in s["final_accuracy"]]), ci([100 * a for a in s["accuracy_at_equal_time"]]),
+                     f"{statistics.median(s['s_per_step']):.3f}"))
+    summary["equal_time_s"] = equal
+    table(rows, ("framework", "s to 50%", "s to 55%", "s to 60%", f"final % ({steps} steps)",
+                 f"% at {equal:.0f} s", "s/step"))
+    if "actorjet" in by and "trl" in by:
+        ratio = [a / b for a, b in zip(summary["actorjet"]["time_to_55"], summary["trl"]["time_to_55"])
+                 if a is not None and b is not None]
+        summary["time_to_55_ratio"] = ratio
+        print(f"ActorJet time to 55% / TRL's, per seed: {', '.join(f'{r:.2f}' for r in ratio)} "
+              f"(median {statistics.median(ratio):.2f}; target ≤ 0.8)" if ratio else "55% not reached by both")
+    if "actorjet" in by:
+        parts = {k: statistics.fmean(r["parts"][k] for r in by["actorjet"]) for k in by["actorjet"][0]["parts"]}
+        summary["actorjet_step_parts"] = parts
+        print("ActorJet step time: " + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items())
+              + f"; evaluation {statistics.fmean(r['eval_s'] for r in by['actorjet']):.1f} s per run (off the clock)")
+    return summary
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] in ("_trl", "_actorjet"):
+        (trl_run if sys.argv[1] == "_trl" else actorjet_run)(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+    else:
+        sys.exit(main())
