@@ -102,6 +102,20 @@ def test_ablation_compares_with_the_baseline_stage_when_confirm_had_nothing_to_r
     texts = [d["text"] for d in c.reg.decisions() if d["stage"] == "ablate"]
     assert any("checkpoint_every: no detectable difference" in t and "n = 3 vs 3" in t for t in texts), texts
     assert any("lr: nothing to vary it to" in t for t in texts), texts
+    # the report, from this registry alone: knob importance from the ablation and from the
+    # finished explore trials (lr explains the metric; checkpoint_every does not)
+    from actorjet.research import study_report
+
+    for i, (lr, every, value) in enumerate([(1e-5, 1000, 0.60), (1e-4, 5, 0.75), (1e-3, 1000, 0.10),
+                                            (3e-4, 5, 0.50)]):
+        params = {"models.policy.lr": lr, "models.policy.checkpoint_every": every}
+        tid = c.reg.add_trial("explore", f"t{i}", 2000, params, {})
+        c.reg.update(tid, state="done", metric=value, attempts=1, evals=[[4, value]])
+    study_report.build(tmp_path)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["knob_importance"]["models.policy.lr"] > results["knob_importance"]["models.policy.checkpoint_every"]
+    assert (tmp_path / "importance.png").stat().st_size > 10_000
+    assert "## Knob importance" in (tmp_path / "report.md").read_text()
 
 
 def test_plan_counts_trials_refuses_a_small_budget_and_a_directory_of_another_spec(tmp_path):

@@ -1,6 +1,7 @@
 """A study's report, generated from its registry alone: ``report.md``, ``results.json`` and
 figures (learning curves per arm with 95% bands; the explored values, finished vs stopped
-early).  Nothing here reads a trial's terminal output or the controller's memory."""
+early; knob importance: each knob's ablation effect with its interval, and Optuna's PED-ANOVA
+importance over the finished explore trials).  Nothing here reads a trial's terminal output or the controller's memory."""
 from __future__ import annotations
 
 import json
@@ -20,9 +21,11 @@ def build(study_dir: str | Path) -> Path:
         raise UserError(f"{study_dir} holds no study (run `actorjet research run STUDY.toml --dir {study_dir}`)")
     out = Path(study_dir)
     trials, decisions = reg.trials(), reg.decisions()
-    figures = [_curves(out, trials), _explored(out, trials, study)]
+    importance = _knob_importance(trials, study)
+    figures = [_curves(out, trials), _explored(out, trials, study), _importance(out, decisions, importance)]
     conclusion = _conclusion(decisions)
     results = {"question": study["question"], "metric": study["metric"], "conclusion": conclusion,
+               "knob_importance": importance,
                "stopped": reg.get("stopped"), "decisions": decisions,
                "trials": [{k: t[k] for k in ("id", "stage", "arm", "seed", "params", "config_hash", "state",
                                              "attempts", "metric", "run_dir")} for t in trials],
@@ -52,6 +55,11 @@ def build(study_dir: str | Path) -> Path:
               "| id | stage | arm | seed | state | metric | run dir |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {t['id']} | {t['stage']} | {t['arm']} | {t['seed']} | {t['state']} | {_number(t['metric'])} | "
               f"`{t['run_dir']}` |" for t in trials]
+    lines += ["", "## Knob importance", "",
+              "Optuna's PED-ANOVA over the finished explore trials: " + (", ".join(
+                  f"{k} {v:.2f}" for k, v in importance.items()) if importance else
+                  "not computed (fewer than 3 finished explore trials)") + ". The ablation decisions above "
+              "give each knob's effect with its interval (importance.png)."]
     lines += ["", "## Figures", ""] + [f"![{p.stem}]({p.name})" for p in figures if p is not None]
     lines += ["", "Limitations: metrics are the learner's greedy evaluations of one task source's held-out "
               "splits; 3 seeds per arm detect only large effects."]
@@ -139,3 +147,64 @@ def _explored(out: Path, trials: list[dict], study: dict) -> Path | None:
     ax.legend()
     ax.set_title("explored trials: finished vs stopped early")
     return _save(fig, out / "explored.png")
+
+
+def _knob_importance(trials: list[dict], study: dict) -> dict:
+    """Optuna's PED-ANOVA importance of each knob over the finished explore trials, rebuilt from
+    the registry (not from Optuna's own file), or {} with fewer than 3 of them."""
+    import optuna
+
+    done = [t for t in trials if t["stage"] == "explore" and t["state"] == "done" and t["metric"] is not None]
+    if len(done) < 3:
+        return {}
+    dists = {}
+    for name, k in study["knobs"].items():
+        lo_hi = k["values"]
+        dists[name] = (optuna.distributions.CategoricalDistribution(lo_hi) if k["kind"] == "choice" else
+                       optuna.distributions.FloatDistribution(float(lo_hi[0]), float(lo_hi[1]),
+                                                              log=k["kind"] == "log_uniform"))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    rebuilt = optuna.create_study(direction="maximize")
+    for t in done:
+        params = {k: (float(v) if not isinstance(dists[k], optuna.distributions.CategoricalDistribution) else v)
+                  for k, v in t["params"].items() if k in dists}
+        rebuilt.add_trial(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
+                                                    value=t["metric"]))
+    try:
+        evaluator = optuna.importance.PedAnovaImportanceEvaluator()     # deterministic; no scikit-learn
+        return dict(optuna.importance.get_param_importances(rebuilt, evaluator=evaluator))
+    except (RuntimeError, ValueError):          # e.g. every finished trial has the same values
+        return {}
+
+
+def _importance(out: Path, decisions: list[dict], anova: dict) -> Path | None:
+    """Left: each ablated knob's effect on the metric (changed alone minus the recommended
+    config) with its decision interval.  Right: PED-ANOVA importance, when there is one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ablated = [d["evidence"] for d in decisions if d["stage"] == "ablate" and "low" in d.get("evidence", {})
+               and min(d["evidence"]["n"]) >= 2]
+    if not ablated and not anova:
+        return None
+    fig, axes = plt.subplots(1, 2 if ablated and anova else 1, figsize=(9 if ablated and anova else 6, 3.5),
+                             squeeze=False)
+    ax = axes[0][0]
+    if ablated:
+        names = [e["arm"] for e in ablated]
+        effects = [-e["diff"] for e in ablated]
+        errors = [[-e["diff"] - -e["high"] for e in ablated], [-e["low"] - -e["diff"] for e in ablated]]
+        ax.errorbar(effects, range(len(names)), xerr=errors, fmt="o", capsize=4)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_xlabel("change in the metric (Welch 95% CI)")
+        ax.set_title("ablation: each knob changed alone")
+        ax = axes[0][1] if anova else ax
+    if anova:
+        ax.barh(list(anova), list(anova.values()))
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel("PED-ANOVA importance")
+        ax.set_title("explore: knob importance")
+    return _save(fig, out / "importance.png")
