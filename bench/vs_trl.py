@@ -1,23 +1,27 @@
 """ActorJet against TRL's GRPOTrainer on the quickstart's exact work, side by side.
 
     pip install -c constraints.txt -e '.[compare]'       # trl and datasets
-    python bench/vs_trl.py [--seeds 3] [--steps 150]
+    python bench/vs_trl.py [--seeds 3] [--steps 150] [--only actorjet|trl] [--runners 2] [--concurrency 64]
 
 The work: the shipped tiny-arith checkpoint (seed 0 for both; a seed varies training only),
 chat-templated prompts from agents/arithmetic.py, 32 groups × 8 samples per step, lr 1e-4,
 4 new tokens at temperature 1, clip 0.2, token-mean loss (TRL's ``dapo``), no KL, AdamW
 without weight decay, grad-norm clip 1.0, constant lr.  ActorJet runs the quickstart's job
-(2 runners, the agent talks through the ``openai`` SDK); TRL runs GRPOTrainer on the CPU.
+(2 runners, the agent talks through the ``openai`` SDK; asynchronous, samples at most one
+weight version old); TRL runs GRPOTrainer on the CPU (on-policy: generate, then train).
 
-Both are evaluated with ActorJet's own evaluator (greedy, the 512 validation problems) every
-10 steps.  The clock is wall time from the first step's start, **with evaluation excluded for
-both**: TRL's evaluation runs in a callback and is subtracted; ActorJet's learner reports each
-evaluation's duration and it is subtracted (rollouts may continue meanwhile, which the
-"eval_overlap" column shows, so the figure is not flattering by hiding work: see the
-docstring of ``actorjet_clock``).  Runs alternate framework order per seed (interleaved
+Neither evaluates while it trains: both keep a snapshot of the weights every 2 steps, and
+after the run every snapshot is scored with ActorJet's own evaluator (greedy, the 512
+validation problems).  The clock is wall time from the start of training: TRL's from
+``on_train_begin`` with its (in-memory) snapshot copies subtracted; ActorJet's from the
+moment its first episode is stored (rollouts have begun; the learner may still be loading,
+which stays on its clock), with its checkpoint writes left on the clock (they are what
+ActorJet's snapshots cost it).  Runs alternate framework order per seed (interleaved
 rounds), each in its own process.  Prints time to 50/55/60% held-out accuracy, final
-accuracy, accuracy at equal wall time, s/step and where ActorJet's step time goes, with
-medians and 95% t intervals over seeds; writes bench/results/vs_trl.json.
+accuracy, accuracy at equal wall time, s/step (overall, after step 10, and the time to step
+10) and where ActorJet's step time goes, with medians and 95% t intervals over seeds; writes
+bench/results/vs_trl.json (other --only/--runners/--concurrency/--steps: a file named after
+them).
 """
 from __future__ import annotations
 
@@ -38,13 +42,14 @@ sys.path.insert(0, str(REPO))
 from common import table, write  # noqa: E402
 
 THRESHOLDS = (0.50, 0.55, 0.60)
-EVAL_EVERY = 10
+SNAPSHOT_EVERY = 2
 GROUPS, GROUP_SIZE, LR, MAX_TOKENS = 32, 8, 1e-4, 4
 
 
 # -- TRL -----------------------------------------------------------------------------------------
 def trl_run(seed: int, steps: int, out: Path) -> None:
-    """GRPOTrainer on the CPU; a callback evaluates every EVAL_EVERY steps off the clock."""
+    """GRPOTrainer on the CPU; a callback copies the weights every SNAPSHOT_EVERY steps (off the
+    clock), scored after the run."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -66,21 +71,22 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     def reward(completions, answer, **_):
         return [arithmetic.score({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer)]
 
-    curve, clock = [], {"t0": None, "eval_s": 0.0}
+    snapshots, clock = [], {"t0": None, "copy_s": 0.0}
 
-    class Evaluate(TrainerCallback):
+    def snapshot(step: int, now: float) -> None:
+        snapshots.append((step, now, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+
+    class Snapshot(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
-            curve.append({"step": 0, "clock_s": 0.0, "accuracy": greedy_accuracy(model, tok, spec)})
+            snapshot(0, 0.0)
             clock["t0"] = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            if state.global_step % EVAL_EVERY and state.global_step != steps:
+            if state.global_step % SNAPSHOT_EVERY and state.global_step != steps:
                 return
             start = time.perf_counter()
-            acc = greedy_accuracy(model, tok, spec)
-            curve.append({"step": state.global_step, "clock_s": start - clock["t0"] - clock["eval_s"],
-                          "accuracy": acc})
-            clock["eval_s"] += time.perf_counter() - start
+            snapshot(state.global_step, start - clock["t0"] - clock["copy_s"])
+            clock["copy_s"] += time.perf_counter() - start
 
     cfg = GRPOConfig(output_dir=str(out.parent / "trl-out"), per_device_train_batch_size=GROUPS * GROUP_SIZE,
                      num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, learning_rate=LR, beta=0.0,
@@ -89,19 +95,26 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
                      logging_steps=10_000, report_to="none", save_strategy="no", seed=seed, shuffle_dataset=False,
                      gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
-                          callbacks=[Evaluate()])
+                          callbacks=[Snapshot()])
     wall0 = time.perf_counter()
     trainer.train()
-    out.write_text(json.dumps({"framework": "trl", "seed": seed, "curve": curve,
-                               "train_clock_s": time.perf_counter() - clock["t0"] - clock["eval_s"],
-                               "eval_s": clock["eval_s"], "wall_s": time.perf_counter() - wall0}))
+    train_clock = time.perf_counter() - clock["t0"] - clock["copy_s"]
+    curve = []
+    for step, at, weights in snapshots:
+        model.load_state_dict(weights)
+        curve.append({"step": step, "clock_s": at, "accuracy": greedy_accuracy(model, tok, spec)})
+    out.write_text(json.dumps({"framework": "trl", "seed": seed, "curve": curve, "train_clock_s": train_clock,
+                               "wall_s": time.perf_counter() - wall0}))
 
 
 # -- ActorJet ------------------------------------------------------------------------------------
-def actorjet_run(seed: int, steps: int, out: Path) -> None:
+def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency: int = 64) -> None:
     """The quickstart's job on an embedded head (the model built from seed 0, training seed
-    ``seed``), until the last step is trained and evaluated."""
+    ``seed``, a checkpoint every SNAPSHOT_EVERY steps, no periodic evaluation), until the
+    last step is trained; then every checkpoint is scored."""
     import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from actorjet import metrics
     from actorjet.cli.train_cmds import QUICKSTART_JOB
@@ -109,52 +122,60 @@ def actorjet_run(seed: int, steps: int, out: Path) -> None:
     from actorjet.runtime.head import Head
     from actorjet.runtime.spec import load_tree
     from actorjet.runtime.system import free_port
+    from actorjet.serving.episode_store import path_for
+    from actorjet.serving.evaluate import greedy_accuracy
+    from actorjet.serving.heldout import eval_spec
 
     spec = copy.deepcopy(QUICKSTART_JOB)
     spec["train"].update(steps=steps, seed=0)
+    spec["models"][0].update(checkpoint_every=SNAPSHOT_EVERY, eval_every=10 * steps)
+    spec["train"]["runner_concurrency"] = concurrency
     job = prepare(normalize(spec, "vs_trl"))
     job["train"]["seed"] = seed
     run = out.parent / "aj-run"
-    head = Head(run, load_tree(tree_path("default.toml")), job, port=free_port(), slots=2)
+    head = Head(run, load_tree(tree_path("default.toml")), job, port=free_port(), slots=runners)
     wall0 = time.perf_counter()
     head.start()
     try:
         while True:
-            time.sleep(1)
+            time.sleep(0.5)
             rows = metrics.read(run)
-            evals = [r for r in rows if r.get("kind") == "eval"]
-            if evals and evals[-1]["step"] >= steps:
+            if any(r.get("kind") == "train" and r["step"] >= steps for r in rows):
                 break
             if time.perf_counter() - wall0 > 1800:
                 raise RuntimeError("ActorJet did not finish in 30 min")
+        import sqlite3
+
+        first_stored = sqlite3.connect(path_for(run, "policy")).execute("SELECT MIN(stored_at) FROM episodes")
+        first_stored = first_stored.fetchone()[0]
     finally:
         head.stop()
-    curve, train_clock, eval_s = actorjet_clock(rows)
-    train = [r for r in rows if r.get("kind") == "train"]
-    parts = {k: statistics.fmean(r[k] for r in train) for k in ("batch_wait_s", "train_s", "publish_s",
-                                                                "step_time_s")}
-    out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve, "train_clock_s": train_clock,
-                               "eval_s": eval_s, "wall_s": time.perf_counter() - wall0, "parts": parts}))
-
-
-def actorjet_clock(rows: list[dict]) -> tuple[list[dict], float, float]:
-    """Evaluation points on the same clock as TRL's: zero when the step-0 evaluation ends (the
-    learner is ready; the engine and runners have been up a little longer, which favours
-    ActorJet by at most the first batch), each evaluation's own duration subtracted.  While
-    the learner evaluates, runners may fill the store up to the staleness bound (one step's
-    batch at most per evaluation), so subtracting it can hide up to one batch of rollout
-    time per evaluation; the report gives eval_s so a reader can add it back."""
     evals = [r for r in rows if r.get("kind") == "eval"]
-    trains = [r for r in rows if r.get("kind") == "train"]
-    t0, spent, curve = evals[0]["time"], 0.0, [{"step": 0, "clock_s": 0.0, "accuracy": evals[0]["accuracy"]}]
-    for e in evals[1:]:
-        start = e["time"] - e["eval_time_s"]
-        curve.append({"step": e["step"], "clock_s": start - t0 - spent, "accuracy": e["accuracy"]})
-        spent += e["eval_time_s"]
-    return curve, trains[-1]["time"] - t0 - spent, spent
+    trains = {r["step"]: r for r in rows if r.get("kind") == "train"}
+    t0 = first_stored or evals[0]["time"]         # the first episode finished: rollouts had begun
+    start = job["models"][0]["path"]
+    model, tok = AutoModelForCausalLM.from_pretrained(start), AutoTokenizer.from_pretrained(start)
+    score = eval_spec("agents.arithmetic", "policy")
+    curve = [{"step": 0, "clock_s": 0.0, "accuracy": greedy_accuracy(model, tok, score)}]
+    for ckpt in sorted((run / "checkpoints" / "policy").glob("step_*")):
+        step = int(ckpt.name.split("_")[1])
+        model = AutoModelForCausalLM.from_pretrained(ckpt)
+        curve.append({"step": step, "clock_s": trains[step]["time"] - t0,
+                      "accuracy": greedy_accuracy(model, tok, score)})
+    parts = {k: statistics.fmean(r[k] for r in trains.values()) for k in ("batch_wait_s", "train_s", "publish_s",
+                                                                          "step_time_s")}
+    out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve,
+                               "train_clock_s": trains[steps]["time"] - t0, "wall_s": time.perf_counter() - wall0,
+                               "head_start_s": evals[0]["time"] - t0, "parts": parts}))
 
 
 # -- comparison ----------------------------------------------------------------------------------
+def steady(curve: list[dict], after: int = 10) -> float:
+    """Seconds per step once running (from step ``after`` to the end): startup left out."""
+    first = next(p for p in curve if p["step"] >= after)
+    return (curve[-1]["clock_s"] - first["clock_s"]) / max(1, curve[-1]["step"] - first["step"])
+
+
 def time_to(curve: list[dict], threshold: float) -> float | None:
     return next((p["clock_s"] for p in curve if p["accuracy"] >= threshold), None)
 
@@ -182,10 +203,12 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--only", choices=("actorjet", "trl"), default=None, help="run one framework (profiling)")
+    ap.add_argument("--runners", type=int, default=2, help="ActorJet runner processes (the quickstart's 2)")
+    ap.add_argument("--concurrency", type=int, default=64, help="ActorJet episodes in flight per runner (64)")
     args = ap.parse_args()
-    try:
-        import trl  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("trl") is None:
         print("bench/vs_trl.py needs the `compare` extra: pip install -c constraints.txt -e '.[compare]'",
               file=sys.stderr)
         return 2
@@ -196,7 +219,9 @@ def main() -> int:
             with tempfile.TemporaryDirectory(prefix=f"vs-{fw}-") as tmp:
                 out = Path(tmp) / "result.json"
                 t0 = time.time()
-                proc = subprocess.run([sys.executable, __file__, f"_{fw}", str(seed), str(args.steps), str(out)],
+                knobs = [str(args.runners), str(args.concurrency)] if fw == "actorjet" else []
+                child = [sys.executable, __file__, f"_{fw}", str(seed), str(args.steps), str(out), *knobs]
+                proc = subprocess.run(child,
                                       cwd=REPO, capture_output=True, text=True, timeout=3600)
                 if proc.returncode != 0 or not out.exists():
                     print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
@@ -204,10 +229,15 @@ def main() -> int:
                 result = json.loads(out.read_text())
             runs.append(result)
             last = result["curve"][-1]
+            result["steady_s_per_step"] = steady(result["curve"])
             print(f"{fw:9s} seed {seed}: {last['accuracy']:.1%} after {last['step']} steps, "
-                  f"{result['train_clock_s']:.1f} s of training ({time.time() - t0:.0f} s in all)", flush=True)
+                  f"{result['train_clock_s']:.1f} s of training, {result['steady_s_per_step']:.3f} s/step after "
+                  f"step 10 ({time.time() - t0:.0f} s in all)", flush=True)
     summary = summarize(runs, args.steps)
-    write("vs_trl", {"steps": args.steps, "seeds": args.seeds, "runs": runs, "summary": summary})
+    name = "vs_trl" if args.only is None and (args.runners, args.concurrency) == (2, 64) else \
+        f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"
+    write(name, {"steps": args.steps, "seeds": args.seeds, "runners": args.runners, "concurrency": args.concurrency,
+                 "runs": runs, "summary": summary})
     return 0
 
 
@@ -221,13 +251,16 @@ def summarize(runs: list[dict], steps: int) -> dict:
         s["final_accuracy"] = [r["curve"][-1]["accuracy"] for r in rs]
         s["accuracy_at_equal_time"] = [accuracy_at(r["curve"], equal) for r in rs]
         s["s_per_step"] = [r["train_clock_s"] / steps for r in rs]
+        s["steady_s_per_step"] = [r["steady_s_per_step"] for r in rs]
+        s["first_10_steps_s"] = [next(p["clock_s"] for p in r["curve"] if p["step"] >= 10) for r in rs]
         summary[fw] = s
         rows.append((fw, *(ci(s[f"time_to_{int(x * 100)}"]) for x in THRESHOLDS),
                      ci([100 * a for a in s["final_accuracy"]]), ci([100 * a for a in s["accuracy_at_equal_time"]]),
-                     f"{statistics.median(s['s_per_step']):.3f}"))
+                     f"{statistics.median(s['s_per_step']):.3f}", f"{statistics.median(s['steady_s_per_step']):.3f}",
+                     f"{statistics.median(s['first_10_steps_s']):.1f}"))
     summary["equal_time_s"] = equal
     table(rows, ("framework", "s to 50%", "s to 55%", "s to 60%", f"final % ({steps} steps)",
-                 f"% at {equal:.0f} s", "s/step"))
+                 f"% at {equal:.0f} s", "s/step", "s/step after 10", "s to step 10"))
     if "actorjet" in by and "trl" in by:
         ratio = [a / b for a, b in zip(summary["actorjet"]["time_to_55"], summary["trl"]["time_to_55"])
                  if a is not None and b is not None]
@@ -237,13 +270,14 @@ def summarize(runs: list[dict], steps: int) -> dict:
     if "actorjet" in by:
         parts = {k: statistics.fmean(r["parts"][k] for r in by["actorjet"]) for k in by["actorjet"][0]["parts"]}
         summary["actorjet_step_parts"] = parts
-        print("ActorJet step time: " + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items())
-              + f"; evaluation {statistics.fmean(r['eval_s'] for r in by['actorjet']):.1f} s per run (off the clock)")
+        print("ActorJet step time: " + ", ".join(f"{k} {v:.3f} s" for k, v in parts.items()))
     return summary
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] in ("_trl", "_actorjet"):
-        (trl_run if sys.argv[1] == "_trl" else actorjet_run)(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+    if sys.argv[1:2] == ["_trl"]:
+        trl_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+    elif sys.argv[1:2] == ["_actorjet"]:
+        actorjet_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
     else:
         sys.exit(main())
