@@ -67,6 +67,8 @@ class BatchingEngine:
         self._pending_weights: tuple[int, str] | None = None
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._unanswered = 0
         self._closed = False
         self.batches = 0
         self.last_success = 0.0          # monotonic time of the last batch that worked
@@ -81,8 +83,15 @@ class BatchingEngine:
         if self._closed:
             fut.set_exception(RuntimeError("engine is closed"))
         else:
+            with self._count_lock:
+                self._unanswered += 1
+            fut.add_done_callback(self._answered)
             self._queue.put((req, fut))
         return fut
+
+    def _answered(self, _fut: Future) -> None:
+        with self._count_lock:
+            self._unanswered -= 1
 
     def generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
         """Synchronous, in the caller's thread (used by evaluation and benchmarks)."""
@@ -103,7 +112,10 @@ class BatchingEngine:
         self._queue.put(("stall", seconds))
 
     def waiting(self) -> int:
-        return self._queue.qsize()
+        """Requests taken and not yet answered: queued, or held in a batch being collected or
+        generated (a batcher stuck while holding every request in flight has work waiting,
+        though its queue is empty: the watchdog must see it)."""
+        return self._unanswered
 
     def crash_thread(self, error: str) -> None:
         """Test hook: the batcher thread raises ``error`` at its next turn."""
