@@ -231,19 +231,9 @@ class Controller:
         return job
 
     def _ask(self, params: dict | None):
-        import optuna
-
         if params is not None:             # re-run a trial that was in flight: the same values
             self.optuna.enqueue_trial(params)
-        dists = {}
-        for name, k in self.knobs.items():
-            lo_hi = k["values"]
-            dists[name] = (optuna.distributions.FloatDistribution(lo_hi[0], lo_hi[1], log=True)
-                           if k["kind"] == "log_uniform" else
-                           optuna.distributions.FloatDistribution(lo_hi[0], lo_hi[1]) if k["kind"] == "uniform" else
-                           optuna.distributions.IntDistribution(int(lo_hi[0]), int(lo_hi[1]))
-                           if k["kind"] == "int_uniform" else optuna.distributions.CategoricalDistribution(lo_hi))
-        return self.optuna.ask(dists)
+        return self.optuna.ask(distributions(self.knobs))
 
     def _run_queued(self, stage: str) -> None:
         while True:
@@ -363,6 +353,21 @@ class Controller:
         return (f"{sign * flip * d['diff']:+.3f} ({self.study['decision']['confidence']:.0%} CI {lo:+.3f} … {hi:+.3f} "
                 f"(Welch t; bootstrap {blo:+.3f} … {bhi:+.3f}), d = {sign * flip * d['d']:.2f}, "
                 f"n = {d['n'][0]} vs {d['n'][1]}, test split)")
+
+
+def distributions(knobs: dict) -> dict:
+    """Each knob's Optuna distribution (the search asks with these; the report rebuilds the
+    explore trials with them)."""
+    import optuna
+
+    out = {}
+    for name, k in knobs.items():
+        low, high = (k["values"][0], k["values"][-1])
+        out[name] = (optuna.distributions.FloatDistribution(low, high, log=True) if k["kind"] == "log_uniform" else
+                     optuna.distributions.FloatDistribution(low, high) if k["kind"] == "uniform" else
+                     optuna.distributions.IntDistribution(int(low), int(high)) if k["kind"] == "int_uniform" else
+                     optuna.distributions.CategoricalDistribution(k["values"]))
+    return out
 
 
 def _within(value, knob: dict) -> bool:

@@ -13,8 +13,8 @@
 
 A knob is a path into the job: ``train.FIELD``, ``models.NAME.FIELD`` or ``tasks.NAME.FIELD``;
 both ends of its range must make a valid job.  ``[trials]`` says where trials run, not what
-they measure, so it is left out of the spec's hash (a study may resume elsewhere).  Every mistake is a UserError naming the file
-and the field, never a traceback.
+they measure, so it is left out of the spec's hash (a study may resume elsewhere).  Every
+mistake is a UserError naming the file and the field, never a traceback.
 """
 from __future__ import annotations
 
@@ -201,7 +201,8 @@ def _check_splits(job: dict, where: str) -> None:
             try:
                 splits = [eval_spec(task["source"], model["name"], s) for s in ("validation", "test")]
             except ImportError as e:
-                raise UserError(f"{where}: base_job task {task['name']!r}: cannot import {task['source']}: {e}") from None
+                raise UserError(f"{where}: base_job task {task['name']!r}: cannot import "
+                                f"{task['source']}: {e}") from None
             if splits[0] is not None and splits[1] is None:
                 raise UserError(f"{where}: base_job task {task['name']!r}: {task['source']}.eval_tasks has no 'test' "
                                 "split; a study selects on 'validation' and reports on 'test' (give eval_tasks "

@@ -1,7 +1,8 @@
 """A study's report, generated from its registry alone: ``report.md``, ``results.json`` and
 figures (learning curves per arm with 95% bands; the explored values, finished vs stopped
 early; knob importance: each knob's ablation effect with its interval, and Optuna's PED-ANOVA
-importance over the finished explore trials).  Nothing here reads a trial's terminal output or the controller's memory."""
+importance over the finished explore trials).  Nothing here reads a trial's terminal output
+or the controller's memory."""
 from __future__ import annotations
 
 import json
@@ -44,7 +45,8 @@ def build(study_dir: str | Path) -> Path:
               "'validation' held-out split; baseline, confirm and ablate are measured on 'test'.",
               "", "## Decisions", ""]
     lines += [f"- **{d['stage']}**: {d['text']}" for d in decisions]
-    lines += ["", "## Arms (test split)", "", "| stage | arm | seeds done | mean | 95% CI (t) |", "|---|---|---|---|---|"]
+    lines += ["", "## Arms (test split)", "", "| stage | arm | seeds done | mean | 95% CI (t) |",
+              "|---|---|---|---|---|"]
     for (stage, arm), values in _arms(trials).items():
         mean, low, high = stats.mean_ci(values)
         lines.append(f"| {stage} | {arm} | {len(values)} | {mean:.3f} | {low:.3f} … {high:.3f} |")
@@ -157,17 +159,13 @@ def _knob_importance(trials: list[dict], study: dict) -> dict:
     done = [t for t in trials if t["stage"] == "explore" and t["state"] == "done" and t["metric"] is not None]
     if len(done) < 3:
         return {}
-    dists = {}
-    for name, k in study["knobs"].items():
-        lo_hi = k["values"]
-        dists[name] = (optuna.distributions.CategoricalDistribution(lo_hi) if k["kind"] == "choice" else
-                       optuna.distributions.FloatDistribution(float(lo_hi[0]), float(lo_hi[1]),
-                                                              log=k["kind"] == "log_uniform"))
+    from actorjet.research.controller import distributions
+
+    dists = distributions(study["knobs"])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rebuilt = optuna.create_study(direction="maximize")
     for t in done:
-        params = {k: (float(v) if not isinstance(dists[k], optuna.distributions.CategoricalDistribution) else v)
-                  for k, v in t["params"].items() if k in dists}
+        params = {k: v for k, v in t["params"].items() if k in dists}
         rebuilt.add_trial(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
                                                     value=t["metric"]))
     try:
