@@ -50,6 +50,9 @@ def study(**over):
     ({"trials": {"hots": "10.0.0.5"}}, "unknown field 'trials.hots'"),
     ({"trials": {"port": 1900}}, "field 'trials.token_file': nodes joined to a fixed trials.port need"),
     ({"trials": {"port": "1900"}}, "field 'trials.port' must be int"),
+    ({"trials": {"port": 10**9, "token_file": "x"}}, "field 'trials.port' is out of range"),
+    ({"trials": {"slots": True}}, "field 'trials.slots' must be int"),
+    ({"trials": {"host": " "}}, "field 'trials.host' is empty"),
     ({"trials": {"token_file": "no-such.token"}}, "field 'trials.token_file': no file at"),
 ])
 def test_study_mistakes_name_the_field(over, message):

@@ -115,6 +115,8 @@ def _trials(table: dict, where: str, base_dir: Path) -> dict:
             raise UserError(f"{where}: field 'trials.{key}' must be {type(TRIAL_DEFAULTS[key]).__name__}, "
                             f"got {value!r}")
     trials = {**TRIAL_DEFAULTS, **table}
+    if not trials["host"].strip():
+        raise UserError(f"{where}: field 'trials.host' is empty (an address trial heads bind, e.g. 127.0.0.1)")
     if trials["slots"] < 0 or not 0 <= trials["port"] < 65535:
         raise UserError(f"{where}: field 'trials.{'slots' if trials['slots'] < 0 else 'port'}' is out of range")
     for key in ("token_file", "tree"):
