@@ -83,9 +83,17 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
 
     # every finished group is complete in the model's episode store, trained or pending, whole
     db = sqlite3.connect(run / "episodes-policy.sqlite")
-    finished, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups "
-                                   "WHERE complete_at IS NOT NULL").fetchone()
-    assert finished == data["groups"]["finished"]
+    complete = {g for (g,) in db.execute("SELECT group_id FROM groups WHERE complete_at IS NOT NULL")}
+    (trained,) = db.execute("SELECT COUNT(trained_step) FROM groups WHERE complete_at IS NOT NULL").fetchone()
+    logged = [json.loads(line)["group_id"] for line in (run / "groups.jsonl").read_text().splitlines()]
+    assert len(logged) == len(set(logged)) == data["groups"]["finished"]
+    assert set(logged) <= complete
+    # The store may hold more: a runner that dies after storing a group's rewards and before
+    # reporting them leaves that group complete here and open (re-leased) in the registry; if
+    # the learner took it first, it is trained once and the re-run's episodes are ignored.
+    # When training ends before the re-run does, the registry counts it open (or dropped, if
+    # its re-runs failed too).
+    assert len(complete - set(logged)) <= data["groups"]["groups_open"] + data["groups"]["dropped"]
     assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
     members = db.execute("SELECT COUNT(DISTINCT e.member), COUNT(c.episode_id) FROM groups g JOIN episodes e "
                          "USING (group_id) LEFT JOIN (SELECT DISTINCT episode_id FROM calls) c USING (episode_id) "
@@ -97,8 +105,6 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
                                      "group_id IN (SELECT group_id FROM groups WHERE trained_step IS NOT NULL)"
                                      ).fetchone()
     assert data["episodes"]["trained"] == trained_episodes <= data["episodes"]["completed"]
-    logged = [json.loads(line)["group_id"] for line in (run / "groups.jsonl").read_text().splitlines()]
-    assert len(logged) == len(set(logged)) == finished
     # every lease is accounted for: finished, dropped with a cause, or still open
     g = data["groups"]
     assert g["issued"] == g["finished"] + g["dropped"] + g["groups_open"]

@@ -11,6 +11,9 @@ message, far below thespian's budget), and it is only ever trained whole:
     all members done         → finished: counted here; its rewards are in every model's episode
                                store already (the runner stored them before reporting:
                                runner/results.py), so nothing is sent anywhere
+    runner dies between      → the group is complete in the store and re-leased here; if the
+      storing and reporting    learner took it already it is trained once and the re-run's
+                               episodes are ignored (the store only ever hands out a group once)
 
 A plain state object: no actor, no back-pointer.  Each call returns the messages to send, as
 (role, message) pairs — ``"gateways"`` (every gateway) — which the episode desk addresses;
