@@ -19,6 +19,7 @@ import tomllib
 from pathlib import Path
 
 from actorjet.errors import UserError
+from actorjet.rl import lora
 from actorjet.serving.heldout import eval_spec
 
 MODEL_DEFAULTS = {
@@ -33,6 +34,7 @@ MODEL_DEFAULTS = {
     "merge_ignore_tools": False,  # merge turns whose tool lists differ (an approximation; align.py)
     "threads": 0,   # torch threads per engine/learner process; 0 = auto (see serving/threads.py)
     "groups_per_step": 0,   # this model's batch size in GRPO groups; 0 = [train] groups_per_step
+    "lora": {},     # {} = full fine-tuning; { r = 16, alpha = 32, target_modules = "all-linear" } (rl/lora.py)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -90,6 +92,7 @@ def normalize(data: dict, where: str = "job") -> dict:
             raise UserError(f"{where}: model {m['name']!r}: merge_match must be ids or text")
         if m["engine"] not in ("transformers", "vllm"):
             raise UserError(f"{where}: model {m['name']!r}: engine must be transformers or vllm")
+        m["lora"] = lora.check(m["lora"], f"{where}: model {m['name']!r}")
     t = job["train"]
     if t["isolation"] not in ("thread", "process"):
         raise UserError(f"{where}: [train] isolation must be thread or process")

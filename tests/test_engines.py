@@ -5,7 +5,7 @@ import torch
 
 from actorjet.serving import zoo
 from actorjet.serving.engine import GenRequest, TransformersEngine
-from actorjet.actors.learner import save_weights
+from actorjet.serving.weights import publish
 
 
 def test_concurrent_requests_are_batched_and_weights_swap_between_batches(tmp_path):
@@ -20,7 +20,7 @@ def test_concurrent_requests_are_batched_and_weights_swap_between_batches(tmp_pa
     with torch.no_grad():
         for p in changed.parameters():
             p.mul_(1.5)
-    save_weights(changed, tmp_path / "v1.safetensors")
+    publish(changed.state_dict(), tmp_path / "v1.safetensors")
     busy = [engine.submit(GenRequest(prompt, 3, 1.0)) for _ in range(8)]   # in flight during the swap
     engine.load_weights(1, str(tmp_path / "v1.safetensors"))
     assert all(len(f.result(30)) == 1 for f in busy)                      # none dropped

@@ -31,10 +31,10 @@ def make_engine(cfg: dict, seed: int):
     if cfg["engine"] == "vllm":
         from actorjet.serving.vllm_engine import VLLMEngine
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
-                          seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True)
+                          seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True, lora=cfg.get("lora"))
     from actorjet.serving.engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
-                              max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True)
+                              max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"))
 
 
 def engine_app(engine, token: str | None = None) -> web.Application:

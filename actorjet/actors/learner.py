@@ -4,7 +4,8 @@ store and turns them into weight versions.
 Loop, top to bottom:  a prefetch thread claims the next batch's groups from the store
 (``next_batch``: task quotas, credit, packing — rl/batching.py) while the current step
 trains → drop sampled tokens staler than ``max_staleness`` versions → one GRPO step → mark
-the groups trained at this step → save weights as version v+1 → tell the engine
+the groups trained at this step → publish weights as version v+1 (serving/weights.py: the
+adapter alone with LoRA, rl/lora.py) → tell the engine
 (LoadWeights) and the registry (Trained, the metrics line, the store's counts) → every
 ``eval_every`` steps a held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
 The store, the weights and the checkpoints are on the learner's own node (its model subtree
@@ -27,8 +28,8 @@ from actorjet.job import model_config_here
 from actorjet.serving.evaluate import greedy_accuracy
 from actorjet.serving.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
-from actorjet.serving import episode_store, threads
-from actorjet.rl import align, exact_attention, pack
+from actorjet.serving import episode_store, threads, weights
+from actorjet.rl import align, exact_attention, lora, pack
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.runtime import endpoints, guarded
@@ -38,13 +39,6 @@ from actorjet.runtime.logs import log
 
 POLL_S = 0.02        # how often the actor looks for a prefetched batch
 IDLE_S = 0.05        # the prefetch thread's pause when no batch is ready in the store
-
-
-def save_weights(model, path: Path) -> None:
-    from safetensors.torch import save_file
-
-    # clone: tied embeddings share storage, which safetensors refuses
-    save_file({k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}, str(path))
 
 
 class Learner(ManagedActor):
@@ -58,17 +52,22 @@ class Learner(ManagedActor):
         self.run_dir = endpoints.local_run_dir(self.context)      # this node's: weights, checkpoints
         torch.manual_seed(self.train_cfg["seed"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
-        self.model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
+        self.peft = None          # with LoRA: the peft wrapper (saving, merging); self.model is its base
+        self.model = self._base()
+        if self.cfg.get("lora"):
+            self.peft = lora.attach(self.model, self.cfg["lora"])
+            self.model = self.peft.get_base_model()
         self.model.to(self.cfg["device"])
         threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
+        self.optimizer = self._optimizer()
         self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
         self.ref_model = None
         if self.cfg["kl"] > 0:
             self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
             self.ref_model.to(self.cfg["device"]).eval()
         self.step = self.version = 0
+        self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
@@ -95,6 +94,23 @@ class Learner(ManagedActor):
         self.prefetcher = guarded.start(self._prefetch, f"prefetch.{self.model_name}")
         self.wakeupAfter(timedelta(seconds=POLL_S))
 
+    def _base(self):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
+
+    def _optimizer(self):
+        """Over the trainable tensors only (with LoRA: the adapter's)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.cfg["lr"], weight_decay=0.0)
+
+    def _publish(self) -> Path:
+        """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
+        path = self.weights_dir / f"v{self.version:06d}.safetensors"
+        tensors = lora.adapter_tensors(self.model) if self.peft is not None else self.model.state_dict()
+        self.published_bytes = weights.publish(tensors, path, {"version": str(self.version)})
+        return path
+
     def _load_kwargs(self) -> dict:
         """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
         attention kernel (rl/exact_attention.py)."""
@@ -115,13 +131,18 @@ class Learner(ManagedActor):
 
             folder = checkpoints[-1].parent
             state = json.loads(checkpoints[-1].read_text())
-            self.model = AutoModelForCausalLM.from_pretrained(folder, **self._load_kwargs()).to(self.cfg["device"])
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.cfg["lr"], weight_decay=0.0)
+            if self.peft is not None:        # the checkpoint holds the adapter; the base is the source
+                self.peft = lora.load(self._base(), str(folder), trainable=True)
+                self.model = self.peft.get_base_model()
+            else:
+                self.model = AutoModelForCausalLM.from_pretrained(folder, **self._load_kwargs())
+            self.model.to(self.cfg["device"])
+            self.optimizer = self._optimizer()
             self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
             self.step = state["step"]
         if checkpoints or published:
             self.version = max([self.version] + published) + 1
-            save_weights(self.model, self.weights_dir / f"v{self.version:06d}.safetensors")
+            self._publish()
             log.info("%s resumed at step %d as weight version %d", self.model_name, self.step, self.version)
 
     def _announce(self) -> None:
@@ -224,8 +245,7 @@ class Learner(ManagedActor):
         self.step += 1
         self.store.trained(group_ids, self.step)
         self.version += 1
-        path = self.weights_dir / f"v{self.version:06d}.safetensors"
-        save_weights(self.model, path)
+        path = self._publish()
         if self.engine is not None:
             self.send(self.engine, m.LoadWeights(self.version, str(path)))
         old = self.weights_dir / f"v{self.version - 3:06d}.safetensors"
@@ -238,6 +258,7 @@ class Learner(ManagedActor):
                   "stale_tokens_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
                   "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
                   "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
+                  "publish_bytes": self.published_bytes,
                   "batch_wait_s": time.time() - stats.get("created", time.time()),
                   **{k: v for k, v in info.items() if k != "skipped"}}
         record.update({k: stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
@@ -269,7 +290,7 @@ class Learner(ManagedActor):
     def _checkpoint(self) -> None:
         out = self.run_dir / "checkpoints" / self.model_name / f"step_{self.step:06d}"
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
+        (self.peft or self.model).save_pretrained(out)        # with LoRA: the adapter, in peft's format
         self.tokenizer.save_pretrained(out)
         torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))

@@ -21,6 +21,7 @@ typical use:
   actorjet task pause|resume|remove|add TASK   change the task cocktail while training runs
   actorjet top                                 a live view of the swarm (q quits)
   actorjet report RUN_DIR                      one HTML page of a run, plots embedded
+  actorjet export RUN_DIR OUT                  the trained model as a Hugging Face directory
   actorjet research run agents/studies/lr.toml  a multi-stage RL study, unattended, with its report
 """
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     task_cmds.add_task(sub)
     monitor_cmds.add_report(sub)
     monitor_cmds.add_top(sub)
+    monitor_cmds.add_export(sub)
     research_cmds.add_research(sub)
     return parser
 

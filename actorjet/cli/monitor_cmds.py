@@ -1,4 +1,5 @@
-"""Watching a run: `report` (an HTML page of a run) and `top` (a live view of a swarm)."""
+"""Watching a run: `report` (an HTML page of a run) and `top` (a live view of a swarm); and
+taking its result out: `export` (the trained model as a Hugging Face directory)."""
 from __future__ import annotations
 
 
@@ -60,3 +61,25 @@ def cmd_top(args) -> int:
     if not 0.1 <= args.interval <= 3600:          # also refuses nan and inf
         raise UserError("--interval must be between 0.1 and 3600 seconds")
     return top.run(door_url(args), head_token(args), args.interval)
+
+
+def add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a run's trained model as a Hugging Face directory (LoRA merged)",
+                       description="Load the newest checkpoint of MODEL in RUN_DIR and write it to OUT with "
+                       "save_pretrained, tokenizer included. A LoRA adapter is merged into its base first, so "
+                       "OUT loads in transformers or vLLM as is. Run it on the node that ran the learner "
+                       "(its checkpoints are there).",
+                       epilog="example: actorjet export runs/quickstart --model policy exported/")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
+    p.add_argument("out", metavar="OUT", help="a new (or empty) directory to write")
+    p.add_argument("--model", default="policy", help="the model's name in the job config (default %(default)s)")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args) -> int:
+    from actorjet.serving.export import export
+
+    info = export(args.run_dir, args.model, args.out)
+    merged = ", LoRA merged" if info["lora_merged"] else ""
+    print(f"wrote {info['out']}: model {info['model']!r} at step {info['step']} ({info['checkpoint']}{merged})")
+    return 0

@@ -26,6 +26,7 @@ import torch
 
 from actorjet.runtime import guarded
 from actorjet.runtime.logs import log
+from actorjet.serving import weights
 
 
 @dataclass
@@ -197,8 +198,10 @@ class BatchingEngine:
             return
         version, path = self._pending_weights
         self._pending_weights = None
-        if not Path(path).exists():
-            newest = max(Path(path).parent.glob("v*.safetensors"), default=None)
+        try:
+            self._load(path)
+        except FileNotFoundError:
+            newest = weights.newest(Path(path).parent)
             log.warning("engine: weights %s are gone; %s", path,
                         f"loading {newest.name} instead" if newest else "keeping version %d" % self.weight_version)
             if newest is None:
@@ -206,7 +209,7 @@ class BatchingEngine:
             path, version = str(newest), int(newest.stem[1:])
             if version <= self.weight_version:
                 return
-        self._load(path)
+            self._load(path)
         self.weight_version = version
 
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
@@ -220,15 +223,20 @@ class BatchingEngine:
 class TransformersEngine(BatchingEngine):
     def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
-                 model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False):
+                 model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False,
+                 lora: dict | None = None):
         """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
-        evaluates its own weights this way, with ``start_thread=False``)."""
+        evaluates its own weights this way, with ``start_thread=False``).  ``lora``: serve the
+        base with an adapter (rl/lora.py); published versions are then adapters."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+            if lora:
+                from actorjet.rl.lora import attach
+                model = attach(model, lora).get_base_model()
             model.to(self.device).eval()
         self.model = model
         self.eos_ids = self._eos_ids()
@@ -247,9 +255,9 @@ class TransformersEngine(BatchingEngine):
         return ids
 
     def _load(self, path: str) -> None:
-        from safetensors.torch import load_file
-
-        self.model.load_state_dict(load_file(path, device=str(self.device)), strict=False)
+        t0 = time.perf_counter()
+        size = weights.load_into(self.model.state_dict(), path)
+        log.info("engine: loaded %s (%.1f MB) in %.3f s", Path(path).name, size / 1e6, time.perf_counter() - t0)
 
     # -- the sampling loop --------------------------------------------------------------
     @torch.no_grad()

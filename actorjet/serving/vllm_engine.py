@@ -4,7 +4,9 @@ vLLM pins its own torch).  Imported only when a model config says ``engine = "vl
 Same contract as the transformers engine: token ids in; token ids, the logprob of every
 sampled token and the weight version out; new weights between batches.  vLLM schedules the
 batch itself (continuous batching, prefix caching); weights are loaded on every worker
-through ``collective_rpc`` from the learner's safetensors file.
+through ``collective_rpc`` from the learner's safetensors file.  With LoRA, vLLM's own LoRA
+support serves base + adapter: each published adapter becomes a peft-format directory and a
+new ``LoRARequest`` (vLLM caches adapters by id, so every version gets a fresh id).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def _load_on_worker(worker, path: str) -> None:
 class VLLMEngine(BatchingEngine):
     def __init__(self, model_dir: str, dtype: str = "bfloat16", seed: int = 0, max_batch: int = 1024,
                  window_s: float = 0.004, gpu_memory_utilization: float = 0.6, start_thread: bool = True,
-                 crash_on_thread_death: bool = False):
+                 crash_on_thread_death: bool = False, lora: dict | None = None):
         try:
             from vllm import LLM, SamplingParams
         except ImportError as e:
@@ -31,6 +33,9 @@ class VLLMEngine(BatchingEngine):
         self.SamplingParams = SamplingParams
         kwargs = dict(model=str(model_dir), dtype=dtype, seed=seed, enable_prefix_caching=True,
                       gpu_memory_utilization=gpu_memory_utilization)
+        self.model_dir, self.lora, self.lora_request, self.lora_serial = str(model_dir), lora or {}, None, 0
+        if self.lora:
+            kwargs.update(enable_lora=True, max_lora_rank=max(8, self.lora["r"]), max_loras=2)
         try:    # sampled-token logprobs after temperature, as the learner recomputes them
             self.llm = LLM(logprobs_mode="processed_logprobs", **kwargs)
         except TypeError:
@@ -44,7 +49,7 @@ class VLLMEngine(BatchingEngine):
                                       stop=r.stop or None, seed=r.seed, logprobs=r.top_logprobs)
                   for r in reqs]
         prompts = [{"prompt_token_ids": r.prompt_ids} for r in reqs]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         results = []
         for req, out in zip(reqs, outputs):
             choices = []
@@ -60,5 +65,23 @@ class VLLMEngine(BatchingEngine):
         return results
 
     def _load(self, path: str) -> None:
+        if self.lora:
+            self._load_adapter(path)
+            return
         self.llm.collective_rpc(_load_on_worker, args=(path,))
         self.llm.reset_prefix_cache()     # cached KV blocks belong to the old weights
+
+    def _load_adapter(self, path: str) -> None:
+        from pathlib import Path
+
+        from safetensors.torch import load_file
+        from vllm.lora.request import LoRARequest
+
+        from actorjet.rl.lora import save_peft_dir
+
+        self.lora_serial += 1
+        folder = Path(path).with_suffix(".peft")
+        save_peft_dir(load_file(path), self.lora, self.model_dir, folder)
+        old, self.lora_request = self.lora_request, LoRARequest(f"v{self.lora_serial}", self.lora_serial, str(folder))
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)

@@ -1,0 +1,224 @@
+"""LoRA (rl/lora.py) and weight versions as files (serving/weights.py), on the real tiny model:
+a step trains the adapter only, the engine serves base + published adapter with the
+learner's logprobs, export merges it into a plain model, and a publish killed midway leaves
+the old version serving."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from actorjet.cli.main import main
+from actorjet.errors import UserError
+from actorjet.job import normalize
+from actorjet.rl import lora
+from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, term_logprobs
+from actorjet.rl.samples import call_sample
+from actorjet.serving import weights, zoo
+from actorjet.serving.engine import GenRequest, TransformersEngine
+
+CFG = lora.check({"r": 4, "alpha": 8}, "test")
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return zoo.tiny_arith(0)
+
+
+def adapted(model_dir, seed=0):
+    """The tiny model with a fresh adapter whose B is random (a trained-looking adapter)."""
+    torch.manual_seed(seed)
+    peft_model = lora.attach(AutoModelForCausalLM.from_pretrained(model_dir), CFG)
+    with torch.no_grad():
+        for name, p in lora.adapter_tensors(peft_model.get_base_model()).items():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return peft_model
+
+
+def sampled(engine, text="23+45=", n=8, seed=11):
+    prompt = engine.tokenizer(text)["input_ids"]
+    results = engine.generate([GenRequest(prompt, max_tokens=4, temperature=1.0, n=n, seed=seed)])[0]
+    return [{"prompt_ids": prompt, "completion_ids": r.completion_ids, "logprobs": r.logprobs,
+             "temperature": 1.0, "weight_version": r.weight_version} for r in results]
+
+
+def test_a_lora_step_changes_only_the_adapter(model_dir):
+    peft_model = lora.attach(AutoModelForCausalLM.from_pretrained(model_dir), CFG)
+    model = peft_model.get_base_model()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(n for n, p in model.named_parameters() if p.requires_grad and "lora_" in n)
+    engine = TransformersEngine(model_dir, seed=3, start_thread=False)
+    calls = sampled(engine)
+    samples = [call_sample(c, 1.0 if k % 2 else -1.0) for k, c in enumerate(calls)]
+    grpo_step(model, torch.optim.AdamW(trainable, lr=1e-2), samples, GRPOConfig(), pad_id=0)
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k for k in changed)                # the base is untouched
+    assert any("lora_B" in k for k in changed)                           # B left zero: the adapter learned
+
+
+def test_the_engine_serves_the_published_adapter_with_the_learners_logprobs(model_dir, tmp_path):
+    model = adapted(model_dir).get_base_model()
+    path = tmp_path / "v000001.safetensors"
+    size = weights.publish(lora.adapter_tensors(model), path)
+    full = sum(p.numel() * 4 for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    assert size < full / 5                                               # a version is the adapter, not the model
+    engine = TransformersEngine(model_dir, seed=3, start_thread=False, lora=CFG)
+    base_calls = sampled(engine)
+    engine.load_weights(1, str(path))
+    engine._apply_weights()
+    calls = sampled(engine)
+    assert all(c["weight_version"] == 1 for c in calls)
+    for call in calls:
+        with torch.no_grad():
+            lp = term_logprobs(model, collate([call_sample(call, 1.0)], 0))
+        assert torch.allclose(lp, torch.tensor(call["logprobs"]), atol=1e-4)
+    # and the adapter matters: the same seeds under the base model give other logprobs
+    assert any(abs(a - b) > 1e-3 for x, y in zip(base_calls, calls) for a, b in zip(x["logprobs"], y["logprobs"]))
+
+
+def test_export_writes_the_merged_model_that_transformers_loads(model_dir, tmp_path):
+    peft_model = adapted(model_dir, seed=1)
+    folder = tmp_path / "run" / "checkpoints" / "policy" / "step_000004"
+    peft_model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(folder)
+    (folder / "state.json").write_text(json.dumps({"step": 4, "weight_version": 4}))
+    out = tmp_path / "exported"
+    assert main(["export", str(tmp_path / "run"), str(out), "--model", "policy"]) == 0
+    assert json.loads((out / "actorjet.json").read_text())["lora_merged"] is True
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in k for k in merged.state_dict())             # plain transformers, no peft
+    # its greedy answers are the ones the engine serves with the adapter
+    path = tmp_path / "v000004.safetensors"
+    weights.publish(lora.adapter_tensors(peft_model.get_base_model()), path)
+    served = TransformersEngine(model_dir, start_thread=False, lora=CFG)
+    served.load_weights(4, str(path))
+    served._apply_weights()
+    plain = TransformersEngine(str(out), start_thread=False)
+    for text in ("12+34=", "7+8=", "40+2=", "99+1="):
+        prompt = served.tokenizer(text)["input_ids"]
+        a = served.generate([GenRequest(prompt, 4, 0.0)])[0][0].completion_ids
+        b = plain.generate([GenRequest(prompt, 4, 0.0)])[0][0].completion_ids
+        assert a == b, text
+
+
+def test_export_mistakes_are_one_line(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
+    (tmp_path / "run").mkdir()
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out"), "--model", "policy"]) == 2
+    err = capsys.readouterr().err
+    assert "no such run directory" in err and "no checkpoint of model 'policy'" in err and "Traceback" not in err
+
+
+def test_lora_fields_are_checked():
+    assert normalize({"models": [{"lora": {"r": 8}}]})["models"][0]["lora"]["target_modules"] == "all-linear"
+    assert normalize({"models": [{}]})["models"][0]["lora"] == {}
+    for bad, says in (({"r": 0}, "r must be"), ({"rank": 8}, "unknown field 'rank'"),
+                      ({"target_modules": []}, "target_modules"), ({"dropout": 1.5}, "dropout")):
+        with pytest.raises(UserError, match=says):
+            normalize({"models": [{"lora": bad}]})
+
+
+def test_weights_round_trip_with_tied_tensors_once(model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.25)
+    path = tmp_path / "v000003.safetensors"
+    weights.publish(model.state_dict(), path, {"version": "3"})
+    assert set(load_file(str(path))) <= set(model.state_dict())         # a standard safetensors file
+    other = AutoModelForCausalLM.from_pretrained(model_dir)
+    weights.load_into(other.state_dict(), path)
+    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="does not have"):
+        weights.load_into({}, path)
+
+
+KILLED_WRITER = """
+import sys, torch
+from actorjet.serving import weights
+tensors = {f"t{i}": torch.full((64, 1024, 1024), float(i)) for i in range(int(sys.argv[2]))}   # 256 MB each
+print("ready", flush=True)
+weights.publish(tensors, sys.argv[1])
+"""
+
+
+def test_a_publish_killed_midway_leaves_the_old_version_serving(model_dir, tmp_path):
+    """The learner is SIGKILLed while it writes version 2: no v2 file exists (only its partial),
+    the engine and a restarted engine serve version 1, and the next publish arrives whole."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    weights.publish(model.state_dict(), tmp_path / "v000001.safetensors")
+    target = tmp_path / "v000002.safetensors"
+    partial = tmp_path / ("v000002.safetensors" + weights.PARTIAL)
+    for count in (4, 8, 12):            # bigger until the kill lands while the file is written
+        proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(target), str(count)],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            deadline = time.time() + 60
+            while not partial.exists() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.001)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+        if not target.exists():
+            break
+        target.unlink()
+    assert partial.exists() and not target.exists()
+    engine = TransformersEngine(model_dir, start_thread=False)          # an engine (re)started meanwhile
+    assert weights.newest(tmp_path).name == "v000001.safetensors"
+    engine.load_weights(2, str(target))                                 # announced, never completed
+    engine._apply_weights()
+    assert engine.weight_version == 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    weights.publish(model.state_dict(), target)                         # the next publish: whole
+    partial.unlink(missing_ok=True)
+    engine.load_weights(2, str(target))
+    engine._apply_weights()
+    assert engine.weight_version == 2
+    for a, b in zip(engine.model.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_a_lora_job_trains_survives_a_learner_kill_and_exports(swarm, tmp_path):
+    """A LoRA job end to end: versions are adapters, a SIGKILLed learner resumes from its
+    adapter checkpoint, and the run exports a merged model."""
+    from actorjet.runtime.head import attach_root, status as head_status
+    from jobs import tiny_arith
+    from swarm import REPO, pid_of, wait_until
+
+    (tmp_path / "job.toml").write_text(tiny_arith(8, model='checkpoint_every = 3\nlora = { r = 4, alpha = 8 }'))
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 4, 180, interval_s=0.5, what="4 learner steps")
+    os.kill(pid_of(port, "model.policy/learner"), signal.SIGKILL)
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="8 learner steps")
+    assert status()["restarts"].get("root/model.policy/learner", 0) >= 1
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    full = sum(p.numel() * 4 for p in AutoModelForCausalLM.from_pretrained(zoo.tiny_arith(0)).parameters())
+    assert train and all(0 < r["publish_bytes"] < full / 5 for r in train)      # every version an adapter
+    assert re.search(r"policy resumed at step [36] ", (run / "logs" / "head" / "actors.log").read_text())
+    last = sorted((run / "checkpoints" / "policy").glob("step_*"))[-1]
+    assert (last / "adapter_config.json").exists() and not (last / "model.safetensors").exists()
+    out = tmp_path / "exported"
+    assert main(["export", str(run), str(out)]) == 0
+    assert json.loads((out / "actorjet.json").read_text())["step"] == 8
+    AutoModelForCausalLM.from_pretrained(out)
