@@ -222,3 +222,45 @@ def test_a_lora_job_trains_survives_a_learner_kill_and_exports(swarm, tmp_path):
     assert main(["export", str(run), str(out)]) == 0
     assert json.loads((out / "actorjet.json").read_text())["step"] == 8
     AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_a_recycled_file_read_meanwhile_is_a_torn_read_and_the_engine_loads_the_newest(model_dir, tmp_path,
+                                                                                      monkeypatch):
+    """The learner overwrites the file of version v-3; an engine that was still reading it
+    (two versions behind) must notice and load a whole version, never serve the mix."""
+    learner = AutoModelForCausalLM.from_pretrained(model_dir)
+    state = learner.state_dict()
+
+    def publish(v):
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.add_(0.001)
+        return weights.publish(state, tmp_path / f"v{v:06d}.safetensors", {"version": f"{v:012d}"},
+                               recycle=tmp_path / f"v{v - 3:06d}.safetensors")
+
+    sizes = {publish(v) for v in (1, 2, 3)}
+    inode = (tmp_path / "v000001.safetensors").stat().st_ino
+    publish(4)
+    assert len(sizes) == 1 and not (tmp_path / "v000001.safetensors").exists()
+    assert (tmp_path / "v000004.safetensors").stat().st_ino == inode      # the same file, overwritten
+    engine = TransformersEngine(model_dir, start_thread=False)
+    real_pread, calls = weights._pread, []
+
+    def pread_while_the_learner_publishes(fd, into, offset):
+        calls.append(offset)
+        if len(calls) == 3:
+            publish(5)               # recycles v000002, the file being read
+        return real_pread(fd, into, offset)
+
+    monkeypatch.setattr(weights, "_pread", pread_while_the_learner_publishes)
+    with pytest.raises(weights.TornRead):
+        weights.load_into(engine.model.state_dict(), tmp_path / "v000002.safetensors")
+    calls.clear()
+    engine.load_weights(4, str(tmp_path / "v000004.safetensors"))      # the engine reads v4; v7 recycles it
+    monkeypatch.setattr(weights, "_pread", lambda fd, into, offset: (
+        calls.append(offset), len(calls) == 3 and publish(7), real_pread(fd, into, offset))[-1])
+    publish(6)
+    engine._apply_weights()
+    assert engine.weight_version == 7 and not (tmp_path / "v000004.safetensors").exists()
+    for a, b in zip(engine.model.state_dict().values(), learner.state_dict().values()):
+        assert torch.equal(a, b)                                        # whole v7, not the mix

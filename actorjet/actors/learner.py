@@ -108,7 +108,9 @@ class Learner(ManagedActor):
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
         path = self.weights_dir / f"v{self.version:06d}.safetensors"
         tensors = lora.adapter_tensors(self.model) if self.peft is not None else self.model.state_dict()
-        self.published_bytes = weights.publish(tensors, path, {"version": str(self.version)})
+        self.published_bytes = weights.publish(tensors, path, {"version": f"{self.version:012d}"},
+                                               recycle=self.weights_dir / f"v{self.version - 3:06d}.safetensors")
+        (self.weights_dir / f"v{self.version - 3:06d}.safetensors").unlink(missing_ok=True)   # not recycled
         return path
 
     def _load_kwargs(self) -> dict:
@@ -248,8 +250,6 @@ class Learner(ManagedActor):
         path = self._publish()
         if self.engine is not None:
             self.send(self.engine, m.LoadWeights(self.version, str(path)))
-        old = self.weights_dir / f"v{self.version - 3:06d}.safetensors"
-        old.unlink(missing_ok=True)
         done = self.step >= self.train_cfg["steps"]
         tasks = {t: v["groups"] for t, v in stats.get("by_task", {}).items()}
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,

@@ -193,21 +193,26 @@ class BatchingEngine:
         """Load the newest announced weights.  A file that is gone already (a restarted
         learner cleaned up, or published newer ones meanwhile) is a logged, recovered event:
         the newest version in the same directory is loaded instead (learner and engine of a
-        model share a node), and if there is none the current weights stay."""
+        model share a node), and if there is none the current weights stay.  A torn read (the
+        file was recycled while read: serving/weights.py) left a mix, so the newest is loaded
+        whatever its number."""
         if self._pending_weights is None:
             return
         version, path = self._pending_weights
         self._pending_weights = None
         try:
             self._load(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, weights.TornRead) as e:
+            torn = isinstance(e, weights.TornRead)
             newest = weights.newest(Path(path).parent)
-            log.warning("engine: weights %s are gone; %s", path,
+            log.warning("engine: weights %s %s; %s", path, "were recycled while read" if torn else "are gone",
                         f"loading {newest.name} instead" if newest else "keeping version %d" % self.weight_version)
             if newest is None:
+                if torn:
+                    raise RuntimeError(f"weights {path} were torn and no whole version is left") from e
                 return
             path, version = str(newest), int(newest.stem[1:])
-            if version <= self.weight_version:
+            if version <= self.weight_version and not torn:
                 return
             self._load(path)
         self.weight_version = version

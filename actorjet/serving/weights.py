@@ -2,11 +2,17 @@
 
 A learner publishes version v by writing a safetensors file next to its engine (they share a
 node: the model's subtree).  ``safetensors.save_file`` builds the whole file in memory and then
-writes it, and ``load_file`` + ``load_state_dict`` copy twice more: ~1.5 s for SmolLM2-135M's
-650 MB.  Here the file is sized first and memory-mapped, each tensor is copied once straight
-into its place (the learner), and the engine maps the finished file and copies each tensor
-once into its own parameter.  Both sides run at memory-copy speed; the page cache is the
-shared memory, and the files stay ordinary safetensors that any tool reads.
+writes it, and ``load_file`` + ``load_state_dict`` copy twice more: ~1.3 s for SmolLM2-135M.
+Here each tensor's bytes go straight from the learner's memory into the file (``pwrite``) and
+straight from the file into the engine's own parameter (``preadv``): one kernel copy each
+way, through the page cache, which is the shared memory.  The files stay ordinary
+safetensors that any tool reads.
+
+Allocating fresh page-cache pages costs as much as the copy itself, so the learner recycles
+the file of the version three back (``recycle``): it is renamed away and overwritten in place.
+An engine still reading that old file (it would have to be two versions behind) sees its
+header change under it; ``load_into`` checks the header again after the copy and reports a
+torn read, and the engine loads the newest version instead.
 
 A version becomes visible only whole: it is written under ``*.partial`` and renamed when
 complete (an atomic rename on one filesystem), so a learner killed mid-publish leaves no file
@@ -29,11 +35,38 @@ DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", to
           torch.bool: "BOOL"}
 TORCH = {name: dtype for dtype, name in DTYPES.items()}
 PARTIAL = ".partial"
+CHUNK = 64 << 20        # bytes per system call
 
 
-def publish(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> int:
+class TornRead(OSError):
+    """The file was recycled for a newer version while it was being read."""
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    """A tensor's bytes without a copy (CPU, contiguous)."""
+    return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
+
+
+def _pwrite(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:done + CHUNK], offset + done)
+
+
+def _pread(fd: int, into: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(into):
+        n = os.preadv(fd, [into[done:done + CHUNK]], offset + done)
+        if n == 0:
+            raise TornRead(f"the file ended at byte {offset + done}: it was cut while read")
+        done += n
+
+
+def publish(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None,
+            recycle: str | Path | None = None) -> int:
     """Write ``tensors`` to ``path`` (safetensors) with one copy each; returns the file's bytes.
-    Tensors that share storage (tied embeddings) are written once, under the first name."""
+    Tensors that share storage (tied embeddings) are written once, under the first name.
+    ``recycle``: an older version's file to overwrite in place when it has the same size."""
     path = Path(path)
     seen, items = set(), []
     for name, t in tensors.items():
@@ -55,47 +88,55 @@ def publish(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[s
     raw += b" " * (-(8 + len(raw)) % 8)             # the data starts 8-byte aligned
     start = 8 + len(raw)
     partial = path.with_name(path.name + PARTIAL)
-    with open(partial, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        f.truncate(start + offset)
-    if offset:
-        buf = torch.from_file(str(partial), shared=True, size=start + offset, dtype=torch.uint8)
-        with torch.no_grad():
-            for name, t in items:
-                a, b = header[name]["data_offsets"]
-                buf[start + a:start + b].view(t.dtype).view(t.shape).copy_(t.detach())
-        del buf                                       # unmapped: the pages are the file's now
+    if recycle is not None and Path(recycle).exists() and Path(recycle).stat().st_size == start + offset:
+        os.replace(recycle, partial)                 # its pages are reused: no fresh allocation
+    else:
+        partial.unlink(missing_ok=True)
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, start + offset)
+        _pwrite(fd, memoryview(struct.pack("<Q", len(raw)) + raw), 0)    # the header first: see load_into
+        for name, t in items:
+            t = t.detach()
+            if t.device.type != "cpu" or not t.is_contiguous():
+                t = t.to("cpu").contiguous()
+            _pwrite(fd, _bytes(t), start + header[name]["data_offsets"][0])
+    finally:
+        os.close(fd)
     os.replace(partial, path)
     return start + offset
-
-
-def read_header(path: str | Path) -> tuple[dict, int]:
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n)), 8 + n
 
 
 def load_into(targets: dict[str, torch.Tensor], path: str | Path) -> int:
     """Copy every tensor of the file at ``path`` into the tensor of the same name in
     ``targets`` (a model's ``state_dict()``: its tensors share the parameters' storage).
     A name the targets lack, or a shape that differs, is an error: the learner and this
-    engine do not hold the same model.  Returns the bytes read."""
-    header, start = read_header(path)
-    header.pop("__metadata__", None)
-    missing = [name for name in header if name not in targets]
-    if missing:
-        raise ValueError(f"{path}: {len(missing)} tensors this model does not have, e.g. {missing[0]!r}")
-    size = start + max((h["data_offsets"][1] for h in header.values()), default=0)
-    buf = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)    # a private map: no copy yet
-    with torch.no_grad():
-        for name, h in header.items():
-            a, b = h["data_offsets"]
-            src = buf[start + a:start + b].view(TORCH[h["dtype"]]).view(h["shape"])
-            dst = targets[name]
-            if tuple(dst.shape) != tuple(src.shape):
-                raise ValueError(f"{path}: {name} has shape {tuple(src.shape)}, this model's {tuple(dst.shape)}")
-            dst.copy_(src)
-    return size
+    engine do not hold the same model.  ``TornRead`` if the file was recycled meanwhile
+    (the targets then hold a mix: load a whole version next).  Returns the bytes read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        raw = os.pread(fd, n, 8)
+        header, start = json.loads(raw), 8 + n
+        header.pop("__metadata__", None)
+        missing = [name for name in header if name not in targets]
+        if missing:
+            raise ValueError(f"{path}: {len(missing)} tensors this model does not have, e.g. {missing[0]!r}")
+        with torch.no_grad():
+            for name, h in header.items():
+                dst, dtype = targets[name], TORCH[h["dtype"]]
+                if tuple(dst.shape) != tuple(h["shape"]):
+                    raise ValueError(f"{path}: {name} has shape {tuple(h['shape'])}, this model's {tuple(dst.shape)}")
+                direct = dst.device.type == "cpu" and dst.is_contiguous() and dst.dtype == dtype
+                into = dst if direct else torch.empty(h["shape"], dtype=dtype)
+                _pread(fd, _bytes(into), start + h["data_offsets"][0])
+                if not direct:
+                    dst.copy_(into)
+        if os.pread(fd, 8 + n, 0) != struct.pack("<Q", n) + raw:
+            raise TornRead(f"{path} was recycled for a newer version while it was read")
+    finally:
+        os.close(fd)
+    return start + max((h["data_offsets"][1] for h in header.values()), default=0)
 
 
 def newest(folder: str | Path) -> Path | None:
