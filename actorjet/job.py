@@ -35,6 +35,7 @@ MODEL_DEFAULTS = {
     "threads": 0,   # torch threads per engine/learner process; 0 = auto (see serving/threads.py)
     "groups_per_step": 0,   # this model's batch size in GRPO groups; 0 = [train] groups_per_step
     "lora": {},     # {} = full fine-tuning; { r = 16, alpha = 32, target_modules = "all-linear" } (rl/lora.py)
+    "base": "",     # another model's name: be an adapter on that model's engine (both use lora)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -93,6 +94,7 @@ def normalize(data: dict, where: str = "job") -> dict:
         if m["engine"] not in ("transformers", "vllm"):
             raise UserError(f"{where}: model {m['name']!r}: engine must be transformers or vllm")
         m["lora"] = lora.check(m["lora"], f"{where}: model {m['name']!r}")
+    _check_bases(job["models"], where)
     t = job["train"]
     if t["isolation"] not in ("thread", "process"):
         raise UserError(f"{where}: [train] isolation must be thread or process")
@@ -108,6 +110,38 @@ def normalize(data: dict, where: str = "job") -> dict:
         if not isinstance(t[key], int) or t[key] < 1:
             raise UserError(f"{where}: [train] {key} must be a positive integer, got {t[key]!r}")
     return job
+
+
+def _check_bases(models: list[dict], where: str) -> None:
+    """``base = "other"``: this model is a LoRA adapter served by the other model's engine,
+    over the other model's (frozen) base.  Two adapters of one base share its memory and its
+    batches; the tree gives this model a gateway and a learner but no engine."""
+    by_name = {m["name"]: m for m in models}
+    for m in models:
+        if not m["base"]:
+            continue
+        here = f"{where}: model {m['name']!r}: base = {m['base']!r}"
+        other = by_name.get(m["base"])
+        if other is None or other is m:
+            raise UserError(f"{here} must name another model of this job ({', '.join(by_name)})")
+        if other["base"]:
+            raise UserError(f"{here} has a base of its own: name {other['base']!r} instead")
+        if not (m["lora"] and other["lora"]):
+            raise UserError(f"{here}: both models need a lora table (the shared base stays frozen)")
+        if m["source"] != other["source"]:
+            raise UserError(f"{here}: the source must be the same ({m['source']!r} vs {other['source']!r})")
+        if "vllm" in (m["engine"], other["engine"]):
+            raise UserError(f"{here}: only the transformers engine serves several adapters of one base for now")
+
+
+def sharing(job: dict, name: str) -> dict[str, dict]:
+    """The models served as adapters by ``name``'s engine: their lora tables by name."""
+    return {m["name"]: m["lora"] for m in job["models"] if m.get("base") == name}
+
+
+def engine_of(job: dict, name: str) -> str:
+    """Whose engine serves model ``name``: its own, or its base's."""
+    return model_config(job, name).get("base") or name
 
 
 def _section(given: dict, defaults: dict, where: str) -> dict:

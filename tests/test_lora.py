@@ -264,3 +264,58 @@ def test_a_recycled_file_read_meanwhile_is_a_torn_read_and_the_engine_loads_the_
     assert engine.weight_version == 7 and not (tmp_path / "v000004.safetensors").exists()
     for a, b in zip(engine.model.state_dict().values(), learner.state_dict().values()):
         assert torch.equal(a, b)                                        # whole v7, not the mix
+
+
+def test_one_engine_serves_two_adapters_of_one_base_each_at_its_own_version(model_dir, tmp_path):
+    """base = "other": a second model is a second adapter in the other's engine.  A batch that
+    mixes both is served per adapter, with each learner's logprobs and weight version."""
+    mine, theirs = adapted(model_dir, seed=1).get_base_model(), adapted(model_dir, seed=2).get_base_model()
+    weights.publish(lora.adapter_tensors(mine), tmp_path / "adder.safetensors")
+    weights.publish(lora.adapter_tensors(theirs), tmp_path / "rounder.safetensors")
+    engine = TransformersEngine(model_dir, start_thread=False, lora=CFG, adapters={"rounder": CFG})
+    engine.load_weights(3, str(tmp_path / "adder.safetensors"))
+    engine.load_weights(5, str(tmp_path / "rounder.safetensors"), adapter="rounder")
+    engine._apply_weights()
+    assert engine.versions == {"": 3, "rounder": 5}
+    prompt = engine.tokenizer("23+45=")["input_ids"]
+    reqs = [GenRequest(prompt, 4, 1.0, n=4, seed=7, adapter=a) for a in ("", "rounder", "", "rounder")]
+    results = engine.generate(reqs)
+    assert [r[0].weight_version for r in results] == [3, 5, 3, 5]
+    for req, res in zip(reqs, results):
+        model = theirs if req.adapter else mine
+        for r in res:
+            call = {"prompt_ids": prompt, "completion_ids": r.completion_ids, "logprobs": r.logprobs,
+                    "temperature": 1.0, "weight_version": r.weight_version}
+            with torch.no_grad():
+                lp = term_logprobs(model, collate([call_sample(call, 1.0)], 0))
+            assert torch.allclose(lp, torch.tensor(r.logprobs), atol=1e-4)
+    with pytest.raises(ValueError, match="no adapter 'nobody'"):
+        engine.generate([GenRequest(prompt, 4, 1.0, adapter="nobody")])
+
+
+def test_a_shared_base_is_checked_and_its_engine_is_refused_in_the_tree():
+    from actorjet.job import engine_of, load_job, sharing
+    from actorjet.runtime.head import refuse_engines_of_adapters
+    from actorjet.runtime.spec import load_tree
+    from swarm import REPO
+
+    lora_ = {"r": 4}
+    job = normalize({"models": [{"name": "a", "lora": lora_}, {"name": "b", "base": "a", "lora": lora_}]})
+    assert engine_of(job, "b") == "a" and engine_of(job, "a") == "a" and list(sharing(job, "a")) == ["b"]
+    for models, says in (
+            ([{"name": "a", "lora": lora_}, {"name": "b", "base": "c", "lora": lora_}], "must name another model"),
+            ([{"name": "a", "lora": lora_}, {"name": "b", "base": "b", "lora": lora_}], "must name another model"),
+            ([{"name": "a"}, {"name": "b", "base": "a", "lora": lora_}], "both models need a lora table"),
+            ([{"name": "a", "lora": lora_, "source": "tiny-judge"}, {"name": "b", "base": "a", "lora": lora_}],
+             "the source must be the same"),
+            ([{"name": "a", "lora": lora_, "engine": "vllm"}, {"name": "b", "base": "a", "lora": lora_}],
+             "only the transformers engine")):
+        with pytest.raises(UserError, match=says):
+            normalize({"models": models})
+    tree = load_tree(REPO / "supervisors" / "two_models.toml")        # an engine in every subtree
+    shared = normalize({"models": [{"name": "proposer", "lora": lora_},
+                                   {"name": "verifier", "base": "proposer", "lora": lora_}]})
+    with pytest.raises(UserError, match="model 'verifier' is an adapter served by the engine of 'proposer'"):
+        refuse_engines_of_adapters(tree, shared)
+    refuse_engines_of_adapters(load_tree(REPO / "supervisors" / "shared_base.toml"),
+                               load_job(REPO / "agents" / "shared_base.toml"))      # the shipped pair agrees

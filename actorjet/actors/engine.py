@@ -15,7 +15,8 @@ from datetime import timedelta
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.job import model_config_here
+from actorjet.errors import UserError
+from actorjet.job import model_config_here, sharing
 from actorjet.serving.engine import GenRequest, RequestFailed
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
@@ -26,15 +27,17 @@ from actorjet.signing import bearer_ok
 PROGRESS_S = 1.0
 
 
-def make_engine(cfg: dict, seed: int):
-    """The engine a model config asks for; vLLM is imported only when asked for."""
+def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
+    """The engine a model config asks for; vLLM is imported only when asked for.
+    ``adapters``: the models that share this one's base (job.sharing)."""
     if cfg["engine"] == "vllm":
         from actorjet.serving.vllm_engine import VLLMEngine
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
                           seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True, lora=cfg.get("lora"))
     from actorjet.serving.engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
-                              max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"))
+                              max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"),
+                              adapters=adapters)
 
 
 def engine_app(engine, token: str | None = None) -> web.Application:
@@ -60,7 +63,7 @@ def engine_app(engine, token: str | None = None) -> web.Application:
         return web.json_response({"answers": answers})
 
     async def health(request):
-        return web.json_response({"ok": True, "weight_version": engine.weight_version})
+        return web.json_response({"ok": True, "weight_version": engine.weight_version, "versions": engine.versions})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/generate", generate)
@@ -73,7 +76,9 @@ class Engine(ManagedActor):
         job = self.context["job"]
         self.model = self.args["model"]
         cfg = model_config_here(job, self.model)
-        self.engine = make_engine(cfg, job["train"]["seed"])
+        if cfg.get("base"):
+            raise UserError(f"model {self.model!r} is served by {cfg['base']!r}'s engine (base = ...)")
+        self.engine = make_engine(cfg, job["train"]["seed"], sharing(job, self.model))
         if cfg["engine"] == "transformers":
             from actorjet.serving import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
@@ -100,7 +105,7 @@ class Engine(ManagedActor):
         self.engine.stall_thread(msg.seconds)
 
     def receiveMsg_LoadWeights(self, msg: m.LoadWeights, sender):
-        self.engine.load_weights(msg.version, msg.path)
+        self.engine.load_weights(msg.version, msg.path, msg.adapter)
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):

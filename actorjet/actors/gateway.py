@@ -18,7 +18,7 @@ from datetime import timedelta
 import aiohttp
 from thespian.actors import WakeupMessage
 
-from actorjet.job import model_config_here
+from actorjet.job import engine_of, model_config_here
 from actorjet.runtime import endpoints
 from actorjet.serving import episode_store
 from actorjet.serving.engine import GenRequest, GenResult
@@ -111,7 +111,9 @@ class Gateway(ManagedActor):
         self.app = GatewayApp(self.model, tokenizer, self.backend, self.context["token"], max_len,
                               default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
                               directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]),
-                              store=self.store, peers=lambda: dict(self.trainable_urls))
+                              store=self.store, peers=lambda: dict(self.trainable_urls),
+                              adapter=self.model if cfg.get("base") else "")
+        self.engine_of = engine_of(job, self.model)
         # bound to this node's address and advertised as reachable from other hosts; a
         # restarted gateway comes back on the same port (runtime/endpoints.py)
         self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"], tls=True)
@@ -128,7 +130,7 @@ class Gateway(ManagedActor):
         self.send(self.registry, m.Subscribe("directory"))
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
-        engine = msg.services.get(self.model, {}).get("engine")
+        engine = msg.services.get(self.engine_of, {}).get("engine")
         self.backend.url = engine["url"] if engine else None
         self.base_urls = {name: s["gateway"]["url"] for name, s in msg.services.items() if "gateway" in s}
         self.trainable_urls = {k: v for k, v in self.base_urls.items() if k in self.trainable}

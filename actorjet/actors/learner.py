@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from actorjet.job import model_config_here
+from actorjet.job import engine_of, model_config_here
 from actorjet.serving.evaluate import greedy_accuracy
 from actorjet.serving.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
@@ -71,6 +71,8 @@ class Learner(ManagedActor):
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engine = None
+        self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
+        self.adapter = self.model_name if self.cfg.get("base") else ""
         self._resume()
         self.store = episode_store.EpisodeStore(episode_store.path_for(self.run_dir, self.model_name))
         pending = self.store.rewind(self.step)
@@ -157,11 +159,12 @@ class Learner(ManagedActor):
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.batching.weights = {t: v["weight"] for t, v in msg.tasks.items() if v.get("state") == "active"}
         self.directory.set()
-        engine = msg.services.get(self.model_name, {}).get("engine")
+        engine = msg.services.get(self.engine_of, {}).get("engine")
         address = engine["address"] if engine else None
         if address is not None and address != self.engine and self.version > 0:
             # a new (or restarted) engine: make sure it serves what this learner holds
-            self.send(address, m.LoadWeights(self.version, str(self.weights_dir / f"v{self.version:06d}.safetensors")))
+            self.send(address, m.LoadWeights(self.version, str(self.weights_dir / f"v{self.version:06d}.safetensors"),
+                                             self.adapter))
         self.engine = address
 
     # -- the pull ----------------------------------------------------------------------------
@@ -249,7 +252,7 @@ class Learner(ManagedActor):
         self.version += 1
         path = self._publish()
         if self.engine is not None:
-            self.send(self.engine, m.LoadWeights(self.version, str(path)))
+            self.send(self.engine, m.LoadWeights(self.version, str(path), self.adapter))
         done = self.step >= self.train_cfg["steps"]
         tasks = {t: v["groups"] for t, v in stats.get("by_task", {}).items()}
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,

@@ -48,6 +48,21 @@ def refuse_cuda_before_fork(job: dict) -> None:
                         "Start the head before any CUDA work, or in its own process (`actorjet start`).")
 
 
+def refuse_engines_of_adapters(tree: ChildSpec, job: dict) -> None:
+    """A model with ``base = "other"`` is served by the other model's engine: an engine in its
+    own subtree would load a second copy of the base and serve nothing."""
+    bases = {mc["name"]: mc["base"] for mc in job.get("models", []) if mc.get("base")}
+
+    def walk(spec: ChildSpec, model: str | None) -> None:
+        model = spec.args.get("model", model)
+        if spec.kind == "engine" and model in bases:
+            raise UserError(f"model {model!r} is an adapter served by the engine of {bases[model]!r} (base = "
+                            f"{bases[model]!r}): remove the engine from its subtree in the tree file")
+        for child in spec.children:
+            walk(child, model)
+    walk(tree, None)
+
+
 def read_head_file(run_dir: Path) -> dict:
     path = run_dir / "head.json"
     try:
@@ -82,6 +97,7 @@ class Head:
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
         refuse_cuda_before_fork(self.job)
+        refuse_engines_of_adapters(self.tree, self.job)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = read_head_file(self.run_dir)
         self._clean_stale(state)

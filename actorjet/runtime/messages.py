@@ -219,6 +219,7 @@ class Directory:
 class LoadWeights:
     version: int
     path: str
+    adapter: str = ""       # a model sharing the engine's base: its adapter (engine.py)
 
 
 @dataclass

@@ -39,6 +39,7 @@ class GenRequest:
     seed: int | None = None
     n: int = 1
     top_logprobs: int = 0        # alternatives per sampled token (OpenAI's top_logprobs)
+    adapter: str = ""            # which LoRA adapter serves it: "" = the engine's own model's
 
 
 class RequestFailed(Exception):
@@ -59,13 +60,17 @@ class BatchingEngine:
     """Requests that arrive within ``window_s`` of each other (for at most ``max_wait_s``)
     are generated together, up to ``max_batch`` sequences, in one background thread;
     weights change only between batches.
-    Subclasses implement ``_generate(reqs)`` and ``_load(path)``."""
+    Subclasses implement ``_generate(reqs)`` and ``_load(path, adapter)``.
+
+    Weight versions are per adapter: "" is the engine's own model; a model that shares this
+    engine's base (``base = ...`` in the job config) is served as an adapter named after it,
+    with versions from its own learner."""
 
     def _start_batching(self, max_batch: int, window_s: float, start_thread: bool,
                         max_wait_s: float = 0.05, crash_on_thread_death: bool = False) -> None:
         self.max_batch, self.window_s, self.max_wait_s = max_batch, window_s, max_wait_s
-        self.weight_version = 0
-        self._pending_weights: tuple[int, str] | None = None
+        self.versions: dict[str, int] = {"": 0}
+        self._pending_weights: dict[str, tuple[int, str]] = {}
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
@@ -99,9 +104,14 @@ class BatchingEngine:
         with self._lock:
             return self._generate(reqs)
 
-    def load_weights(self, version: int, path: str) -> None:
+    @property
+    def weight_version(self) -> int:
+        """The version the engine's own model is served at."""
+        return self.versions[""]
+
+    def load_weights(self, version: int, path: str, adapter: str = "") -> None:
         """Use the weights in ``path`` (safetensors) from the next batch on."""
-        self._pending_weights = (version, path)
+        self._pending_weights[adapter] = (version, path)
         self._queue.put(None)      # wake the batcher even when idle
 
     def close(self) -> None:
@@ -190,58 +200,66 @@ class BatchingEngine:
         return False
 
     def _apply_weights(self) -> None:
-        """Load the newest announced weights.  A file that is gone already (a restarted
-        learner cleaned up, or published newer ones meanwhile) is a logged, recovered event:
-        the newest version in the same directory is loaded instead (learner and engine of a
-        model share a node), and if there is none the current weights stay.  A torn read (the
-        file was recycled while read: serving/weights.py) left a mix, so the newest is loaded
-        whatever its number."""
-        if self._pending_weights is None:
-            return
-        version, path = self._pending_weights
-        self._pending_weights = None
+        """Load the newest announced weights of every adapter."""
+        while self._pending_weights:
+            adapter, (version, path) = self._pending_weights.popitem()
+            self._apply(adapter, version, path)
+
+    def _apply(self, adapter: str, version: int, path: str) -> None:
+        """A file that is gone already (a restarted learner cleaned up, or published newer
+        ones meanwhile) is a logged, recovered event: the newest version in the same directory
+        is loaded instead (learner and engine of a model share a node), and if there is none
+        the current weights stay.  A torn read (the file was recycled while read:
+        serving/weights.py) left a mix, so the newest is loaded whatever its number."""
         try:
-            self._load(path)
+            self._load(path, adapter)
         except (FileNotFoundError, weights.TornRead) as e:
             torn = isinstance(e, weights.TornRead)
             newest = weights.newest(Path(path).parent)
             log.warning("engine: weights %s %s; %s", path, "were recycled while read" if torn else "are gone",
-                        f"loading {newest.name} instead" if newest else "keeping version %d" % self.weight_version)
+                        f"loading {newest.name} instead" if newest else "keeping version %d" % self.versions[adapter])
             if newest is None:
                 if torn:
                     raise RuntimeError(f"weights {path} were torn and no whole version is left") from e
                 return
             path, version = str(newest), int(newest.stem[1:])
-            if version <= self.weight_version and not torn:
+            if version <= self.versions[adapter] and not torn:
                 return
-            self._load(path)
-        self.weight_version = version
+            self._load(path, adapter)
+        self.versions[adapter] = version
 
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
         raise NotImplementedError
 
-    def _load(self, path: str) -> None:
+    def _load(self, path: str, adapter: str = "") -> None:
         raise NotImplementedError
-
 
 
 class TransformersEngine(BatchingEngine):
     def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
                  model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False,
-                 lora: dict | None = None):
+                 lora: dict | None = None, adapters: dict[str, dict] | None = None):
         """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
         evaluates its own weights this way, with ``start_thread=False``).  ``lora``: serve the
-        base with an adapter (rl/lora.py); published versions are then adapters."""
+        base with an adapter (rl/lora.py); published versions are then adapters.
+        ``adapters``: more adapters over the same base, by name (their lora tables): the
+        models of the job that share this one's base."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
-        if model is None:
+        loaded = model is None
+        if loaded:
             model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-            if lora:
-                from actorjet.rl.lora import attach
-                model = attach(model, lora).get_base_model()
+        self.peft = None
+        if lora:
+            from actorjet.rl.lora import attach, peft_config
+            self.peft = attach(model, lora)
+            for name, cfg in (adapters or {}).items():
+                self.peft.add_adapter(name, peft_config(cfg))
+            model = self.peft.get_base_model()
+        if loaded:
             model.to(self.device).eval()
         self.model = model
         self.eos_ids = self._eos_ids()
@@ -259,14 +277,37 @@ class TransformersEngine(BatchingEngine):
             ids.append(self.tokenizer.eos_token_id)
         return ids
 
-    def _load(self, path: str) -> None:
+    def _load(self, path: str, adapter: str = "") -> None:
         t0 = time.perf_counter()
-        size = weights.load_into(self.model.state_dict(), path)
+        targets = self.model.state_dict()
+        if adapter:         # the learner's file names the adapter "default"; here it has its model's name
+            from actorjet.rl.lora import ADAPTER
+            targets = {k.replace(f".{adapter}.", f".{ADAPTER}."): v for k, v in targets.items() if f".{adapter}." in k}
+        size = weights.load_into(targets, path)
         log.info("engine: loaded %s (%.1f MB) in %.3f s", Path(path).name, size / 1e6, time.perf_counter() - t0)
 
     # -- the sampling loop --------------------------------------------------------------
-    @torch.no_grad()
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        """One batch per adapter (a LoRA layer applies one adapter to a whole batch)."""
+        names = sorted({r.adapter for r in reqs})
+        for name in names:
+            if name not in self.versions and not (self.peft is not None and name in self.peft.peft_config):
+                raise ValueError(f"this engine serves no adapter {name!r}")
+        if len(names) == 1:
+            return self._generate_with(names[0], reqs)
+        out: list = [None] * len(reqs)
+        for name in names:
+            idx = [i for i, r in enumerate(reqs) if r.adapter == name]
+            for i, res in zip(idx, self._generate_with(name, [reqs[i] for i in idx])):
+                out[i] = res
+        return out
+
+    @torch.no_grad()
+    def _generate_with(self, adapter: str, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        if self.peft is not None and len(self.peft.peft_config) > 1:
+            from actorjet.rl.lora import ADAPTER
+            self.peft.set_adapter(adapter or ADAPTER)
+        version = self.versions.setdefault(adapter, 0)
         self.batches += 1
         rows = [(i, k) for i, r in enumerate(reqs) for k in range(r.n)]
         prompts = [reqs[i].prompt_ids for i, _ in rows]
@@ -324,7 +365,7 @@ class TransformersEngine(BatchingEngine):
             next_pos = next_pos + 1
         results: list[list[GenResult]] = [[] for _ in reqs]
         for b, (i, _) in enumerate(rows):
-            results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", self.weight_version,
+            results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", version,
                                         out_top[b] if tops[b] else None))
         return results
 

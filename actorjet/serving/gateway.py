@@ -48,7 +48,7 @@ class GatewayApp:
     def __init__(self, model: str, tokenizer, backend: Backend, secret: str, max_len: int,
                  store: EpisodeStore | None = None, default_max_tokens: int = 256,
                  outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None,
-                 record: bool = True, peers: Callable[[], dict] | None = None):
+                 record: bool = True, peers: Callable[[], dict] | None = None, adapter: str = ""):
         self.model, self.tokenizer, self.backend = model, tokenizer, backend
         self.secret, self.max_len = secret, max_len
         self.store = store or EpisodeStore()
@@ -62,6 +62,7 @@ class GatewayApp:
         self.weight_version = 0
         self.requests = 0
         self.record = record        # a frozen model (nothing trains on its calls) keeps no records
+        self.adapter = adapter      # base = "other": this model is that engine's adapter of this name
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024,
@@ -142,7 +143,8 @@ class GatewayApp:
 
     async def _generate(self, prompt_ids: list[int], s: api.Sampling, max_tokens: int) -> list[GenResult]:
         self.requests += 1
-        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs)
+        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs,
+                         self.adapter)
         try:
             results = await self.backend(req)
         except RequestFailed as e:     # failed alone while the engine works: this request's fault

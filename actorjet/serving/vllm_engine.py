@@ -64,7 +64,7 @@ class VLLMEngine(BatchingEngine):
             results.append(choices)
         return results
 
-    def _load(self, path: str) -> None:
+    def _load(self, path: str, adapter: str = "") -> None:
         if self.lora:
             self._load_adapter(path)
             return
