@@ -10,6 +10,9 @@
               once into its own parameter (preadv)
   full /dev/shm  the same, the version files on tmpfs instead of the run directory
   lora r=16   the same path with a LoRA adapter (all-linear): a version is the adapter
+  across nodes  the full file pushed (serving/weights.py ``push``) from one network namespace
+              to an engine's HTTP endpoint in another, over veth, against raw TCP
+              (``socket.sendfile`` into a receiver that discards) of the same bytes (root only)
 
 Each publish writes version v and drops (before) or recycles (after) the file of v-3, as
 the learner does; the first three rounds are not timed.  "memcpy" is one copy of the same bytes between two tensors on this machine:
@@ -19,6 +22,7 @@ floor of this design.  Medians over ``--repeats``.  Writes bench/results/weights
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -92,12 +96,99 @@ def memcpy_s(nbytes: int, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
+RAW_RECEIVER = """
+import socket, sys, time
+srv = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+for _ in range(int(sys.argv[3])):
+    conn, _ = srv.accept()
+    buf, n = bytearray(1 << 20), 0
+    while (k := conn.recv_into(buf)):
+        n += k
+    conn.close()
+    print(n, flush=True)
+"""
+
+RAW_SENDER = """
+import socket, sys, time
+t0 = time.perf_counter()
+with socket.create_connection((sys.argv[1], int(sys.argv[2]))) as s, open(sys.argv[3], "rb") as f:
+    s.sendfile(f)
+print(time.perf_counter() - t0)
+"""
+
+PUSH_RECEIVER = """
+import sys
+from pathlib import Path
+from aiohttp import web
+from actorjet.actors.engine import engine_app
+print("ready", flush=True)
+web.run_app(engine_app(None, "tok", Path(sys.argv[3])), host=sys.argv[1], port=int(sys.argv[2]), print=None,
+            read_bufsize=int(sys.argv[4]) if len(sys.argv) > 4 else 2**16)
+"""
+
+PUSH_SENDER = """
+import sys, time
+from actorjet.serving import weights
+t0 = time.perf_counter()
+weights.push(sys.argv[3], f"http://{sys.argv[1]}:{sys.argv[2]}", "tok", "policy")
+print(time.perf_counter() - t0)
+"""
+
+
+def cross_node(path: Path, repeats: int) -> dict:
+    """A push between two network namespaces on veth, against raw TCP of the same bytes."""
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import hosts
+
+    why = hosts.unavailable()
+    if why:
+        return {"skipped": why}
+    net = hosts.Network()
+    procs = []
+    try:
+        learner, engine = net.host("learner"), net.host("engine")
+        out = {"bytes": path.stat().st_size}
+        for name, receiver, sender, port in (("raw_tcp", RAW_RECEIVER, RAW_SENDER, 7001),
+                                             ("push", PUSH_RECEIVER, PUSH_SENDER, 7002)):
+            extra = [str(repeats + 4)] if name == "raw_tcp" else [str(path.parent / "received"),
+                                                             str(weights.READ_BUFSIZE)]
+            proc = subprocess.Popen(engine.prefix + [sys.executable, "-c", receiver, engine.ip, str(port)] + extra,
+                                    stdout=subprocess.PIPE, text=True)
+            procs.append(proc)
+            assert proc.stdout.readline().strip() == "ready"
+            times = []
+            for k in range(repeats + 4):       # versions 1-3 fill the engine's ring of files (not timed)
+                version = path.with_name(f"v{k + 1:06d}.safetensors")    # new names, as the learner sends
+                if not version.exists():
+                    os.link(path, version)
+                for _ in range(50):
+                    done = subprocess.run(learner.prefix + [sys.executable, "-c", sender, engine.ip, str(port),
+                                                            str(version)], capture_output=True, text=True)
+                    if done.returncode == 0:
+                        break
+                    time.sleep(0.1)            # the receiver is not listening yet
+                times.append(float(done.stdout.strip().splitlines()[-1]))
+            seconds = statistics.median(times[3:])
+            out[name] = {"s": seconds, "MBps": out["bytes"] / seconds / 1e6}
+        out["push_vs_raw"] = out["raw_tcp"]["s"] / out["push"]["s"]
+        return out
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        net.close()
+
+
 def main() -> None:
     from transformers import AutoModelForCausalLM
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where run-directory files go (default: a temp dir)")
+    ap.add_argument("--no-cross-node", action="store_true", help="skip the push between two network namespaces")
     args = ap.parse_args()
     torch.set_num_threads(1)                     # the learner and the engine each have a core here
     path = zoo.smollm2()
@@ -118,6 +209,10 @@ def main() -> None:
     lora_engine = lora.attach(load(), cfg).get_base_model()
     rows.append(measure("lora r=16 all-linear (adapter)", lora_learner, lora_engine,
                         new_publish(lora.adapter_tensors), new_load, base / "lora", args.repeats))
+    sample = base / "net" / "v000001.safetensors"
+    sample.parent.mkdir(parents=True, exist_ok=True)
+    weights.publish(learner.state_dict(), sample)
+    net = cross_node(sample, args.repeats) if not args.no_cross_node else {"skipped": "--no-cross-node"}
     full_bytes = rows[1]["bytes"]
     limit = memcpy_s(full_bytes, args.repeats)
     for r in rows:
@@ -127,10 +222,17 @@ def main() -> None:
             f"{r['total_s']:.3f}", f"{r['x_memcpy']:.1f}x") for r in rows],
           ("path", "MB", "learner s", "engine s", "total s", "vs one memcpy"))
     print(f"memcpy of {full_bytes / 1e6:.0f} MB: {limit:.3f} s ({full_bytes / limit / 1e9:.1f} GB/s)")
+    if "skipped" in net:
+        print(f"across nodes: skipped ({net['skipped']})")
+    else:
+        print(f"across nodes (two namespaces on veth, {net['bytes'] / 1e6:.0f} MB): raw TCP "
+              f"{net['raw_tcp']['MBps']:.0f} MB/s, push {net['push']['MBps']:.0f} MB/s "
+              f"({net['push_vs_raw']:.0%} of raw)")
     write("weightsync", {"model": "SmolLM2-135M-Instruct float32", "repeats": args.repeats, "rows": rows,
                          "memcpy_s": limit, "memcpy_GBps": full_bytes / limit / 1e9,
-                         "cross_node": "not built: a model's learner and engine share a node (one subtree)",
-                         "targets": {"full_same_node_s": 0.25, "lora_s": 0.05, "x_memcpy": 3.0}})
+                         "cross_node": net,
+                         "targets": {"full_same_node_s": 0.25, "lora_s": 0.05, "x_memcpy": 3.0,
+                                     "push_vs_raw": 0.5}})
 
 
 if __name__ == "__main__":

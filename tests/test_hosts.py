@@ -258,3 +258,36 @@ def test_a_placed_child_waits_for_its_node_and_follows_it_after_a_loss(swarm, ne
     second = wait_until(pid, 20, what="the probe placed on the new alpha")
     assert home_of(second) == swarm.env_of(alpha2)["ACTORJET_HOME"]
     assert swarm.ctl(head, "status", port)["restarts"].get("root/probe") == 1
+
+
+ENGINE_APART_TREE = MODEL_NODE_TREE.replace('placement = { node = "modelbox" }      # the model\'s engine, '
+                                            'gateway and learner live there\n', '').replace(
+    '  id = "engine"\n  kind = "engine"\n', '  id = "engine"\n  kind = "engine"\n  placement = { node = "infer" }\n')
+
+
+def test_an_engine_on_another_node_than_its_learner_gets_every_version_pushed(swarm, network, tmp_path):
+    """The tree puts the engine on node "infer" and the learner on the head: each weight version
+    is streamed to the engine's own node (no shared files) and served from there."""
+    assert 'placement = { node = "infer" }' in ENGINE_APART_TREE and "modelbox" not in ENGINE_APART_TREE
+    head, infer, worker = network.host("head"), network.host("infer"), network.host("worker")
+    (tmp_path / "tree.toml").write_text(ENGINE_APART_TREE)
+    (tmp_path / "job.toml").write_text(JOB.format(steps=8, eval_every=1000))
+    run = tmp_path / "run"
+    _, port, token = swarm.head(run, str(tmp_path / "tree.toml"), host=head,
+                                extra=["--config", str(tmp_path / "job.toml")])
+    swarm.join(port, token, "infer", slots=0, head_host=head.ip, host=infer)
+    swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    wait_until(lambda: status()["training_finished"], 400, interval_s=2, what="8 learner steps")
+    engine_pid = swarm.ctl(head, "pid", port, "model.policy/engine")["pid"]
+    infer_home = swarm.env_of(infer)["ACTORJET_HOME"]
+    assert psutil.Process(engine_pid).environ()["ACTORJET_HOME"] == infer_home      # on its own node
+    received = sorted(p.name for p in Path(infer_home).glob("nodes/infer/runs/*/weights-received/policy/v*"))
+    assert received and all(not name.endswith(".partial") for name in received)
+    assert len(received) <= 3 and received[-1] == "v000008.safetensors"            # the newest three, whole
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
+    assert [r["step"] for r in rows] == list(range(1, 9)) and all(r["push_s"] is not None for r in rows)
+    import sqlite3
+    served = {v for (v,) in sqlite3.connect(run / "episodes-policy.sqlite").execute(
+        "SELECT json_extract(record, '$.weight_version') FROM calls")}
+    assert max(served) >= 6, sorted(served)              # the engine served the versions it was pushed

@@ -6,9 +6,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -319,3 +321,50 @@ def test_a_shared_base_is_checked_and_its_engine_is_refused_in_the_tree():
         refuse_engines_of_adapters(tree, shared)
     refuse_engines_of_adapters(load_tree(REPO / "supervisors" / "shared_base.toml"),
                                load_job(REPO / "agents" / "shared_base.toml"))      # the shipped pair agrees
+
+
+def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
+    """The engine's PUT /weights (serving/weights.py): a version from a learner on another
+    node is stored under the engine's own directory; a wrong token, a name that is not a
+    version file, or a body cut short is refused with a 4xx and leaves no file."""
+    import http.client
+
+    from actorjet.actors.engine import engine_app
+    from actorjet.serving.serve import AppServer
+
+    server = AppServer(engine_app(None, "tok", tmp_path / "received"), host="127.0.0.1",
+                       read_bufsize=weights.READ_BUFSIZE)
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        src = tmp_path / "v000001.safetensors"
+        weights.publish({"w": torch.arange(3_000_000, dtype=torch.float32)}, src)
+        stored = weights.push(src, url, "tok", "policy")
+        assert Path(stored) == tmp_path / "received" / "policy" / "v000001.safetensors"
+        assert Path(stored).read_bytes() == src.read_bytes()
+        with pytest.raises(OSError, match="401"):
+            weights.push(src, url, "wrong", "policy")
+
+        def put(path, body, length=None):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            conn.putrequest("PUT", path)
+            conn.putheader("Authorization", "Bearer tok")
+            conn.putheader("Content-Length", str(len(body) if length is None else length))
+            conn.endheaders()
+            conn.send(body)
+            if length is not None:
+                conn.sock.shutdown(socket.SHUT_WR)        # the learner died mid-push
+            try:
+                return conn.getresponse().status
+            except (http.client.HTTPException, OSError):
+                return None
+            finally:
+                conn.close()
+
+        assert put("/weights/policy/..%2Fescape.safetensors", b"x") == 400
+        assert put("/weights/policy/model.bin", b"x") == 400
+        assert put("/weights/policy/v000002.safetensors", b"x" * 10, length=1000) in (400, None)
+        time.sleep(0.5)
+        assert sorted(p.name for p in (tmp_path / "received" / "policy").iterdir()) == ["v000001.safetensors"]
+        assert not list((tmp_path / "received").glob("*escape*")) and not (tmp_path / "escape.safetensors").exists()
+    finally:
+        server.stop()

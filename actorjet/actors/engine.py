@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import timedelta
+from pathlib import Path
 
 from aiohttp import web
 from thespian.actors import WakeupMessage
@@ -18,7 +19,9 @@ from thespian.actors import WakeupMessage
 from actorjet.errors import UserError
 from actorjet.job import model_config_here, sharing
 from actorjet.serving.engine import GenRequest, RequestFailed
+from actorjet.serving import weights
 from actorjet.serving.serve import AppServer
+from actorjet.runtime import endpoints
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.signing import bearer_ok
@@ -40,9 +43,10 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
                               adapters=adapters)
 
 
-def engine_app(engine, token: str | None = None) -> web.Application:
+def engine_app(engine, token: str | None = None, weights_root: Path | None = None) -> web.Application:
     """``token``: the cluster token every caller must send (the endpoint listens on the node's
-    network address); None only for in-process tests."""
+    network address); None only for in-process tests.  ``weights_root``: where weight
+    versions pushed from a learner on another node are kept (serving/weights.py)."""
     async def generate(request):
         if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
             return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
@@ -62,12 +66,23 @@ def engine_app(engine, token: str | None = None) -> web.Application:
                 answers.append({"results": [r.__dict__ for r in outcome]})
         return web.json_response({"answers": answers})
 
+    async def put_weights(request):
+        if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
+            return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
+        if weights_root is None:
+            return web.json_response({"error": {"message": "this engine takes no pushed weights"}}, status=404)
+        try:
+            return web.json_response(await weights.receive(request, weights_root))
+        except ValueError as e:
+            return web.json_response({"error": {"message": str(e)}}, status=400)
+
     async def health(request):
         return web.json_response({"ok": True, "weight_version": engine.weight_version, "versions": engine.versions})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/generate", generate)
     app.router.add_get("/healthz", health)
+    app.router.add_put("/weights/{folder}/{name}", put_weights)
     return app
 
 
@@ -82,7 +97,9 @@ class Engine(ManagedActor):
         if cfg["engine"] == "transformers":
             from actorjet.serving import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
-        self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"engine.{self.model}")
+        received = endpoints.local_run_dir(self.context) / "weights-received"
+        self.server = AppServer(engine_app(self.engine, self.context["token"], received), name=f"engine.{self.model}",
+                                read_bufsize=weights.READ_BUFSIZE)
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
 

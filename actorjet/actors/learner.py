@@ -21,6 +21,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
@@ -70,7 +71,7 @@ class Learner(ManagedActor):
         self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.engine = None
+        self.engine = self.engine_url = None
         self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
         self._resume()
@@ -114,6 +115,28 @@ class Learner(ManagedActor):
                                                recycle=self.weights_dir / f"v{self.version - 3:06d}.safetensors")
         (self.weights_dir / f"v{self.version - 3:06d}.safetensors").unlink(missing_ok=True)   # not recycled
         return path
+
+    def _deliver(self, path: Path) -> float | None:
+        """Tell the engine about version ``self.version``.  An engine on another node cannot
+        read this node's files: the file is pushed to it first (serving/weights.py), and the
+        seconds that took are returned.  A push that fails is logged; the engine keeps
+        serving what it has, and the next version tries again."""
+        if self.engine is None:
+            return None
+        target, seconds = str(path), None
+        if self.engine_url and urlsplit(self.engine_url).hostname != endpoints.advertise_host():
+            t0 = time.perf_counter()
+            try:
+                target = weights.push(path, self.engine_url, self.context["token"], self.adapter or self.model_name)
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("%s: weights v%d could not be pushed to the engine at %s: %s",
+                            self.model_name, self.version, self.engine_url, e)
+                return None
+            seconds = time.perf_counter() - t0
+            log.info("%s: pushed v%d (%.1f MB) to the engine at %s in %.3f s", self.model_name, self.version,
+                     path.stat().st_size / 1e6, self.engine_url, seconds)
+        self.send(self.engine, m.LoadWeights(self.version, target, self.adapter))
+        return seconds
 
     def _load_kwargs(self) -> dict:
         """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
@@ -161,11 +184,11 @@ class Learner(ManagedActor):
         self.directory.set()
         engine = msg.services.get(self.engine_of, {}).get("engine")
         address = engine["address"] if engine else None
-        if address is not None and address != self.engine and self.version > 0:
+        new = address is not None and address != self.engine
+        self.engine, self.engine_url = address, engine["url"] if engine else None
+        if new and self.version > 0:
             # a new (or restarted) engine: make sure it serves what this learner holds
-            self.send(address, m.LoadWeights(self.version, str(self.weights_dir / f"v{self.version:06d}.safetensors"),
-                                             self.adapter))
-        self.engine = address
+            self._deliver(self.weights_dir / f"v{self.version:06d}.safetensors")
 
     # -- the pull ----------------------------------------------------------------------------
     def _prefetch(self) -> None:
@@ -251,8 +274,7 @@ class Learner(ManagedActor):
         self.store.trained(group_ids, self.step)
         self.version += 1
         path = self._publish()
-        if self.engine is not None:
-            self.send(self.engine, m.LoadWeights(self.version, str(path), self.adapter))
+        pushed_s = self._deliver(path)
         done = self.step >= self.train_cfg["steps"]
         tasks = {t: v["groups"] for t, v in stats.get("by_task", {}).items()}
         record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
@@ -261,7 +283,7 @@ class Learner(ManagedActor):
                   "stale_tokens_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
                   "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
                   "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
-                  "publish_bytes": self.published_bytes,
+                  "publish_bytes": self.published_bytes, "push_s": pushed_s,
                   "batch_wait_s": time.time() - stats.get("created", time.time()),
                   **{k: v for k, v in info.items() if k != "skipped"}}
         record.update({k: stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",

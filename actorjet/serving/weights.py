@@ -20,11 +20,17 @@ an engine would load, and the engine keeps serving the version it has.
 
 Where only some tensors train (a LoRA adapter), only those are published: the file is the
 adapter, a few MB.
+
+An engine on another node than its learner (the tree places them apart) cannot read the
+learner's files: ``push`` streams the finished file to it over HTTP in 16 MB buckets, and
+``receive`` writes it into the engine's node directory under the same rules (partial until
+whole), before the learner sends ``LoadWeights`` with the engine's own path.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -142,3 +148,77 @@ def load_into(targets: dict[str, torch.Tensor], path: str | Path) -> int:
 def newest(folder: str | Path) -> Path | None:
     """The newest complete version in ``folder`` (``vNNNNNN.safetensors``; never a partial one)."""
     return max(Path(folder).glob("v*.safetensors"), default=None)
+
+
+# -- across nodes: streamed in buckets ----------------------------------------------------------
+
+BUCKET = 16 << 20       # bytes per write on the sending side of a push
+READ_BUFSIZE = 1 << 20  # the engine's HTTP reads: aiohttp's 64 KB default pushes at a tenth of the link
+NAME = re.compile(r"^v\d{6}\.safetensors$")
+FOLDER = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: float = 300.0) -> str:
+    """Stream the version file at ``path`` to an engine on another node (``PUT
+    /weights/FOLDER/NAME``), in buckets straight from the page cache; returns the path the
+    engine stored it under on its own node.  The engine writes it under ``*.partial`` and
+    renames it when every byte is there, so an interrupted push leaves nothing it would load."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    path, url = Path(path), urlsplit(engine_url)
+    conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = conn_class(url.hostname, url.port, timeout=timeout_s, blocksize=BUCKET)
+    try:
+        conn.putrequest("PUT", f"/weights/{folder}/{path.name}")
+        conn.putheader("Authorization", f"Bearer {token}")
+        conn.putheader("Content-Length", str(path.stat().st_size))
+        conn.endheaders()
+        with open(path, "rb") as body:
+            conn.sock.sendfile(body)           # from the page cache to the socket, no copy in Python
+        reply = conn.getresponse()
+        data = json.loads(reply.read() or b"{}")
+    finally:
+        conn.close()
+    if reply.status != 200:
+        raise OSError(f"the engine refused weights {path.name}: {reply.status} {data}")
+    return data["path"]
+
+
+async def receive(request, root: Path) -> dict:
+    """The engine's side of ``push``: ``request`` is an aiohttp request whose body is one
+    version file.  Written bucket by bucket (off the event loop: generation requests keep
+    being served), renamed when whole.  ValueError for a name that is not a version file."""
+    folder, name = request.match_info["folder"], request.match_info["name"]
+    if not FOLDER.match(folder) or not NAME.match(name):
+        raise ValueError(f"not a weight version file: {folder}/{name}")
+    size = request.content_length
+    if size is None:
+        raise ValueError("a weight push needs a Content-Length")
+    target = root / folder / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(name + PARTIAL)
+    older = sorted(p for p in target.parent.glob("v*.safetensors") if p.name < name)
+    if len(older) >= 3 and older[0].stat().st_size == size:
+        os.replace(older[0], partial)            # recycled, as the learner does: no fresh pages
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.ftruncate(fd, size)
+    done = 0
+    try:
+        async for piece in request.content.iter_any():     # at most READ_BUFSIZE: ~0.2 ms to write
+            _pwrite(fd, memoryview(piece), done)
+            done += len(piece)
+    except ConnectionError:
+        pass                                               # the sender died: judged below
+    except BaseException:
+        partial.unlink(missing_ok=True)                    # e.g. a full disk: nothing half-written stays
+        raise
+    finally:
+        os.close(fd)
+    if done != size:
+        partial.unlink(missing_ok=True)
+        raise ValueError(f"{name}: {done} of {size} bytes arrived")
+    os.replace(partial, target)
+    for old in sorted(target.parent.glob("v*.safetensors"))[:-3]:     # keep the last three
+        old.unlink(missing_ok=True)
+    return {"path": str(target), "bytes": done}
