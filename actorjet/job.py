@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -82,6 +83,10 @@ def normalize(data: dict, where: str = "job") -> dict:
         if key not in ("models", "tasks", "train"):
             raise UserError(f"{where}: unknown section [{key}] (expected models, tasks, train)")
     names = [m["name"] for m in job["models"]]
+    for name in names:      # it names files and folders (episodes-NAME.sqlite, weights/NAME/)
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
+            raise UserError(f"{where}: model name {name!r}: use letters, digits, '_', '.', '-' "
+                            "(starting with a letter or digit)")
     if len(set(names)) != len(names):
         raise UserError(f"{where}: model names must be unique, got {names}")
     for m in job["models"]:

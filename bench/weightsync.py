@@ -120,11 +120,10 @@ print(time.perf_counter() - t0)
 PUSH_RECEIVER = """
 import sys
 from pathlib import Path
-from aiohttp import web
-from actorjet.actors.engine import engine_app
+from actorjet.serving.weights import Receiver
+receiver = Receiver(Path(sys.argv[3]), "tok", sys.argv[1], int(sys.argv[2]))
 print("ready", flush=True)
-web.run_app(engine_app(None, "tok", Path(sys.argv[3])), host=sys.argv[1], port=int(sys.argv[2]), print=None,
-            read_bufsize=int(sys.argv[4]) if len(sys.argv) > 4 else 2**16)
+receiver.serve_forever()
 """
 
 PUSH_SENDER = """
@@ -153,8 +152,7 @@ def cross_node(path: Path, repeats: int) -> dict:
         out = {"bytes": path.stat().st_size}
         for name, receiver, sender, port in (("raw_tcp", RAW_RECEIVER, RAW_SENDER, 7001),
                                              ("push", PUSH_RECEIVER, PUSH_SENDER, 7002)):
-            extra = [str(repeats + 4)] if name == "raw_tcp" else [str(path.parent / "received"),
-                                                             str(weights.READ_BUFSIZE)]
+            extra = [str(repeats + 4)] if name == "raw_tcp" else [str(path.parent / "received")]
             proc = subprocess.Popen(engine.prefix + [sys.executable, "-c", receiver, engine.ip, str(port)] + extra,
                                     stdout=subprocess.PIPE, text=True)
             procs.append(proc)

@@ -127,6 +127,8 @@ def test_lora_fields_are_checked():
                       ({"target_modules": []}, "target_modules"), ({"dropout": 1.5}, "dropout")):
         with pytest.raises(UserError, match=says):
             normalize({"models": [{"lora": bad}]})
+    with pytest.raises(UserError, match="model name '../x'"):       # it names folders: weights/NAME/
+        normalize({"models": [{"name": "../x"}]})
 
 
 def test_weights_round_trip_with_tied_tensors_once(model_dir, tmp_path):
@@ -324,18 +326,16 @@ def test_a_shared_base_is_checked_and_its_engine_is_refused_in_the_tree():
 
 
 def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
-    """The engine's PUT /weights (serving/weights.py): a version from a learner on another
+    """The engine's weights receiver (serving/weights.py): a version from a learner on another
     node is stored under the engine's own directory; a wrong token, a name that is not a
     version file, or a body cut short is refused with a 4xx and leaves no file."""
     import http.client
+    import threading
 
-    from actorjet.actors.engine import engine_app
-    from actorjet.serving.serve import AppServer
-
-    server = AppServer(engine_app(None, "tok", tmp_path / "received"), host="127.0.0.1",
-                       read_bufsize=weights.READ_BUFSIZE)
+    receiver = weights.Receiver(tmp_path / "received", "tok")
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.port}"
+        url = f"http://127.0.0.1:{receiver.port}"
         src = tmp_path / "v000001.safetensors"
         weights.publish({"w": torch.arange(3_000_000, dtype=torch.float32)}, src)
         stored = weights.push(src, url, "tok", "policy")
@@ -345,7 +345,7 @@ def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
             weights.push(src, url, "wrong", "policy")
 
         def put(path, body, length=None):
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            conn = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=30)
             conn.putrequest("PUT", path)
             conn.putheader("Authorization", "Bearer tok")
             conn.putheader("Content-Length", str(len(body) if length is None else length))
@@ -355,16 +355,24 @@ def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
                 conn.sock.shutdown(socket.SHUT_WR)        # the learner died mid-push
             try:
                 return conn.getresponse().status
-            except (http.client.HTTPException, OSError):
-                return None
             finally:
                 conn.close()
 
         assert put("/weights/policy/..%2Fescape.safetensors", b"x") == 400
+        assert put("/weights/../v000003.safetensors", b"x") == 400
         assert put("/weights/policy/model.bin", b"x") == 400
-        assert put("/weights/policy/v000002.safetensors", b"x" * 10, length=1000) in (400, None)
-        time.sleep(0.5)
+        assert put("/weights/policy/v000002.safetensors", b"x" * 10, length=1000) == 400
         assert sorted(p.name for p in (tmp_path / "received" / "policy").iterdir()) == ["v000001.safetensors"]
-        assert not list((tmp_path / "received").glob("*escape*")) and not (tmp_path / "escape.safetensors").exists()
+        assert [p.name for p in (tmp_path / "received").iterdir()] == ["policy"]
+        # versions 2-5 of the same size: the newest three stay, the oldest file is recycled
+        for v in (2, 3, 4, 5):
+            path = tmp_path / f"v{v:06d}.safetensors"
+            weights.publish({"w": torch.full((3_000_000,), float(v))}, path)
+            weights.push(path, url, "tok", "policy")
+        kept = sorted(p.name for p in (tmp_path / "received" / "policy").iterdir())
+        assert kept == ["v000003.safetensors", "v000004.safetensors", "v000005.safetensors"]
+        target = {"w": torch.zeros(3_000_000)}
+        weights.load_into(target, tmp_path / "received" / "policy" / "v000005.safetensors")
+        assert torch.equal(target["w"], torch.full((3_000_000,), 5.0))
     finally:
-        server.stop()
+        receiver.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import timedelta
-from pathlib import Path
 
 from aiohttp import web
 from thespian.actors import WakeupMessage
@@ -21,7 +20,7 @@ from actorjet.job import model_config_here, sharing
 from actorjet.serving.engine import GenRequest, RequestFailed
 from actorjet.serving import weights
 from actorjet.serving.serve import AppServer
-from actorjet.runtime import endpoints
+from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
 from actorjet.signing import bearer_ok
@@ -43,10 +42,9 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
                               adapters=adapters)
 
 
-def engine_app(engine, token: str | None = None, weights_root: Path | None = None) -> web.Application:
+def engine_app(engine, token: str | None = None) -> web.Application:
     """``token``: the cluster token every caller must send (the endpoint listens on the node's
-    network address); None only for in-process tests.  ``weights_root``: where weight
-    versions pushed from a learner on another node are kept (serving/weights.py)."""
+    network address); None only for in-process tests."""
     async def generate(request):
         if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
             return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
@@ -66,23 +64,12 @@ def engine_app(engine, token: str | None = None, weights_root: Path | None = Non
                 answers.append({"results": [r.__dict__ for r in outcome]})
         return web.json_response({"answers": answers})
 
-    async def put_weights(request):
-        if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
-            return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
-        if weights_root is None:
-            return web.json_response({"error": {"message": "this engine takes no pushed weights"}}, status=404)
-        try:
-            return web.json_response(await weights.receive(request, weights_root))
-        except ValueError as e:
-            return web.json_response({"error": {"message": str(e)}}, status=400)
-
     async def health(request):
         return web.json_response({"ok": True, "weight_version": engine.weight_version, "versions": engine.versions})
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/generate", generate)
     app.router.add_get("/healthz", health)
-    app.router.add_put("/weights/{folder}/{name}", put_weights)
     return app
 
 
@@ -97,14 +84,20 @@ class Engine(ManagedActor):
         if cfg["engine"] == "transformers":
             from actorjet.serving import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
-        received = endpoints.local_run_dir(self.context) / "weights-received"
-        self.server = AppServer(engine_app(self.engine, self.context["token"], received), name=f"engine.{self.model}",
-                                read_bufsize=weights.READ_BUFSIZE)
+        self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"engine.{self.model}")
+        # versions pushed by a learner on another node (serving/weights.py), on a port of their own
+        self.receiver = weights.Receiver(endpoints.local_run_dir(self.context) / "weights-received",
+                                         self.context["token"], endpoints.bind_host())
+        guarded.start(self.receiver.serve_forever, f"weights-receiver.{self.model}", crash_process=True)
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
+        self._announce()
+
+    def _announce(self) -> None:
         self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
+        self.send(self.registry, m.ServiceUp(self.model, "weights", endpoints.url(self.receiver.port), self.myAddress))
 
     def on_context(self) -> None:
-        self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
+        self._announce()
 
     def receiveMsg_Crash(self, msg: m.Crash, sender):
         if msg.thread:
@@ -128,6 +121,8 @@ class Engine(ManagedActor):
         if getattr(self, "server", None):
             self.server.stop()
             self.engine.close()
+        if getattr(self, "receiver", None):
+            self.receiver.stop()
 
     def info(self) -> dict:
         return {"path": self.path, "model": getattr(self, "model", None),

@@ -71,7 +71,7 @@ class Learner(ManagedActor):
         self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.engine = self.engine_url = None
+        self.engine = self.weights_url = None
         self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
         self._resume()
@@ -124,17 +124,17 @@ class Learner(ManagedActor):
         if self.engine is None:
             return None
         target, seconds = str(path), None
-        if self.engine_url and urlsplit(self.engine_url).hostname != endpoints.advertise_host():
+        if self.weights_url and urlsplit(self.weights_url).hostname != endpoints.advertise_host():
             t0 = time.perf_counter()
             try:
-                target = weights.push(path, self.engine_url, self.context["token"], self.adapter or self.model_name)
+                target = weights.push(path, self.weights_url, self.context["token"], self.adapter or self.model_name)
             except (OSError, ValueError, KeyError) as e:
                 log.warning("%s: weights v%d could not be pushed to the engine at %s: %s",
-                            self.model_name, self.version, self.engine_url, e)
+                            self.model_name, self.version, self.weights_url, e)
                 return None
             seconds = time.perf_counter() - t0
             log.info("%s: pushed v%d (%.1f MB) to the engine at %s in %.3f s", self.model_name, self.version,
-                     path.stat().st_size / 1e6, self.engine_url, seconds)
+                     path.stat().st_size / 1e6, self.weights_url, seconds)
         self.send(self.engine, m.LoadWeights(self.version, target, self.adapter))
         return seconds
 
@@ -185,7 +185,8 @@ class Learner(ManagedActor):
         engine = msg.services.get(self.engine_of, {}).get("engine")
         address = engine["address"] if engine else None
         new = address is not None and address != self.engine
-        self.engine, self.engine_url = address, engine["url"] if engine else None
+        pushed_to = msg.services.get(self.engine_of, {}).get("weights")
+        self.engine, self.weights_url = address, pushed_to["url"] if pushed_to else None
         if new and self.version > 0:
             # a new (or restarted) engine: make sure it serves what this learner holds
             self._deliver(self.weights_dir / f"v{self.version:06d}.safetensors")

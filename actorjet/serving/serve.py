@@ -23,13 +23,12 @@ BEAT_S = 0.25
 
 class AppServer:
     def __init__(self, app: web.Application, name: str = "", host: str | None = None, port: int = 0,
-                 crash_on_thread_death: bool | None = None, tls: bool = False, read_bufsize: int = 2**16):
+                 crash_on_thread_death: bool | None = None, tls: bool = False):
         """``name``: one of this node's services (the actors' servers; its thread dying takes
         the actor with it unless ``crash_on_thread_death`` says otherwise); no name: a plain
         server on ``host`` (tests).  ``tls``: serve HTTPS if the node has a certificate
         (``start --tls-cert``; the gateways)."""
         self.app, self.name = app, name
-        self.read_bufsize = read_bufsize      # bytes per read of a request body
         self.ssl = endpoints.server_ssl() if tls else None
         self.host = host or endpoints.bind_host()
         self.wanted = port or (endpoints.remembered_port(name) if name else 0)
@@ -51,7 +50,7 @@ class AppServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         try:
-            self.runner = web.AppRunner(self.app, access_log=None, read_bufsize=self.read_bufsize)
+            self.runner = web.AppRunner(self.app, access_log=None)
             self.loop.run_until_complete(self.runner.setup())
             try:
                 self.port = self._listen(self.wanted)

@@ -23,15 +23,17 @@ adapter, a few MB.
 
 An engine on another node than its learner (the tree places them apart) cannot read the
 learner's files: ``push`` streams the finished file to it over HTTP in 16 MB buckets, and
-``receive`` writes it into the engine's node directory under the same rules (partial until
-whole), before the learner sends ``LoadWeights`` with the engine's own path.
+the engine's ``Receiver`` writes it into the engine's node directory under the same rules
+(partial until whole), before the learner sends ``LoadWeights`` with the engine's own path.
 """
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import struct
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
@@ -153,9 +155,8 @@ def newest(folder: str | Path) -> Path | None:
 # -- across nodes: streamed in buckets ----------------------------------------------------------
 
 BUCKET = 16 << 20       # bytes per write on the sending side of a push
-READ_BUFSIZE = 1 << 20  # the engine's HTTP reads: aiohttp's 64 KB default pushes at a tenth of the link
 NAME = re.compile(r"^v\d{6}\.safetensors$")
-FOLDER = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")      # a model name; never "." or ".."
 
 
 def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: float = 300.0) -> str:
@@ -174,8 +175,11 @@ def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: 
         conn.putheader("Authorization", f"Bearer {token}")
         conn.putheader("Content-Length", str(path.stat().st_size))
         conn.endheaders()
-        with open(path, "rb") as body:
-            conn.sock.sendfile(body)           # from the page cache to the socket, no copy in Python
+        try:
+            with open(path, "rb") as body:
+                conn.sock.sendfile(body)       # from the page cache to the socket, no copy in Python
+        except (BrokenPipeError, ConnectionResetError):
+            pass                               # refused before the body was read: its answer says why
         reply = conn.getresponse()
         data = json.loads(reply.read() or b"{}")
     finally:
@@ -185,40 +189,97 @@ def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: 
     return data["path"]
 
 
-async def receive(request, root: Path) -> dict:
-    """The engine's side of ``push``: ``request`` is an aiohttp request whose body is one
-    version file.  Written bucket by bucket (off the event loop: generation requests keep
-    being served), renamed when whole.  ValueError for a name that is not a version file."""
-    folder, name = request.match_info["folder"], request.match_info["name"]
-    if not FOLDER.match(folder) or not NAME.match(name):
-        raise ValueError(f"not a weight version file: {folder}/{name}")
-    size = request.content_length
-    if size is None:
-        raise ValueError("a weight push needs a Content-Length")
-    target = root / folder / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(name + PARTIAL)
-    older = sorted(p for p in target.parent.glob("v*.safetensors") if p.name < name)
-    if len(older) >= 3 and older[0].stat().st_size == size:
-        os.replace(older[0], partial)            # recycled, as the learner does: no fresh pages
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT, 0o644)
-    os.ftruncate(fd, size)
-    done = 0
-    try:
-        async for piece in request.content.iter_any():     # at most READ_BUFSIZE: ~0.2 ms to write
-            _pwrite(fd, memoryview(piece), done)
-            done += len(piece)
-    except ConnectionError:
-        pass                                               # the sender died: judged below
-    except BaseException:
-        partial.unlink(missing_ok=True)                    # e.g. a full disk: nothing half-written stays
-        raise
-    finally:
-        os.close(fd)
-    if done != size:
-        partial.unlink(missing_ok=True)
-        raise ValueError(f"{name}: {done} of {size} bytes arrived")
-    os.replace(partial, target)
-    for old in sorted(target.parent.glob("v*.safetensors"))[:-3]:     # keep the last three
-        old.unlink(missing_ok=True)
-    return {"path": str(target), "bytes": done}
+class PushRefused(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Receiver:
+    """The engine's side of ``push``: a small threaded HTTP server of its own (``PUT
+    /weights/FOLDER/vNNNNNN.safetensors``, cluster token required).  The body is read straight
+    into a memory map of the file (one copy, from the socket into the page cache), recycling the
+    folder's file of three versions back as the learner does, and renamed when every byte is
+    there.  Its own server because aiohttp hands a body over in pieces that must be copied
+    again: that reached a third of the link's speed, this two thirds (bench/weightsync.py)."""
+
+    def __init__(self, root: Path, token: str | None, host: str = "127.0.0.1", port: int = 0):
+        self.root, self.token = Path(root), token
+        self.server = ThreadingHTTPServer((host, port), _PushHandler)
+        self.server.daemon_threads = True
+        self.server.receiver = self
+        self.port = self.server.server_address[1]
+
+    def serve_forever(self) -> None:
+        self.server.serve_forever(poll_interval=0.5)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def store(self, handler) -> dict:
+        from actorjet.signing import bearer_ok
+
+        if self.token is not None and not bearer_ok(handler.headers.get("Authorization"), self.token):
+            raise PushRefused(401, "a weight push needs the cluster token")
+        parts = handler.path.split("/")
+        if len(parts) != 4 or parts[1] != "weights" or not FOLDER.match(parts[2]) or not NAME.match(parts[3]):
+            raise PushRefused(400, f"not a weight version file: {handler.path[:200]}")
+        try:
+            size = int(handler.headers.get("Content-Length", ""))
+        except ValueError:
+            raise PushRefused(400, "a weight push needs a Content-Length") from None
+        if size <= 0:
+            raise PushRefused(400, "a weight version file is never empty")
+        target = self.root / parts[2] / parts[3]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + PARTIAL)
+        older = sorted(p for p in target.parent.glob("v*.safetensors") if p.name < target.name)
+        if len(older) >= 3 and older[0].stat().st_size == size:
+            os.replace(older[0], partial)              # its pages are reused: no fresh allocation
+        done = 0
+        try:
+            fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.ftruncate(fd, size)
+                with mmap.mmap(fd, size) as mm, memoryview(mm) as view:
+                    while done < size:
+                        n = handler.rfile.readinto(view[done:min(size, done + BUCKET)])
+                        if not n:
+                            break
+                        done += n
+            finally:
+                os.close(fd)
+        except ConnectionError:
+            pass                                       # the learner died mid-push: judged below
+        except BaseException:
+            partial.unlink(missing_ok=True)            # e.g. a full disk: nothing half-written stays
+            raise
+        if done != size:
+            partial.unlink(missing_ok=True)
+            raise PushRefused(400, f"{target.name}: {done} of {size} bytes arrived")
+        os.replace(partial, target)
+        for old in sorted(target.parent.glob("v*.safetensors"))[:-3]:     # keep the last three
+            old.unlink(missing_ok=True)
+        return {"path": str(target), "bytes": done}
+
+
+class _PushHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 120                       # a sender that stops sending is dropped
+
+    def do_PUT(self):
+        try:
+            status, body = 200, self.server.receiver.store(self)
+        except PushRefused as e:
+            status, body = e.status, {"error": {"message": str(e)}}
+            self.close_connection = True
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
