@@ -20,6 +20,9 @@ def make_desk(group_size=2, retries=1, timeout=60.0) -> EpisodeDesk:
     for model, kind, address in (("policy", "gateway", "gw"), ("policy", "learner", "learner")):
         desk.on_ServiceUp(m.ServiceUp(model, kind, f"http://{address}", address), None)
     desk.runners = [{"id": "r", "placed": True}, {"id": "r2", "placed": True}]
+    (out,) = desk.on_LeaseRequest(m.LeaseRequest("r", 1, {"t": 1}), "addr-r")
+    assert out[1].reason == "models not ready"          # no engine behind the gateway yet: no lease
+    desk.on_ServiceUp(m.ServiceUp("policy", "engine", "http://engine", "engine"), None)
     return desk
 
 

@@ -78,7 +78,7 @@ def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swar
     assert train and all(r["model"] == "proposer" and r["groups"] == 4 for r in train)
 
 
-SHARED_STEPS = 30
+SHARED_STEPS = 20
 
 
 def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(swarm, network, tmp_path):
@@ -108,8 +108,8 @@ def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(s
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == model]
         print(f"{model}: held-out {evals}")
     # Each learns its own answer.  The rounder's reward teaches it one the base rarely gives
-    # (one run: 0.049 → 0.727 held-out in 30 steps); the adder's the one it gives already
-    # (0.318 → 0.445).
+    # (one run: 0.049 → 0.637 held-out after 10 steps); the adder's the one it gives already
+    # (0.318 → 0.461).
     evals = {m: [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == m] for m in ("adder", "rounder")}
     assert evals["rounder"][-1] > evals["rounder"][0] + 0.3, evals
     assert evals["adder"][-1] > evals["adder"][0] + 0.05, evals

@@ -175,6 +175,12 @@ class EpisodeDesk:
     def gateway_urls(self) -> dict[str, str]:
         return {name: s["gateway"]["url"] for name, s in self.services.items() if "gateway" in s}
 
+    def serving(self, urls: dict[str, str]) -> bool:
+        """Every gateway has an engine behind it (its model's, or its base's): leases handed out
+        before that would fail their episodes with 503s (a slow engine start dropped groups)."""
+        base = {mc["name"]: mc.get("base") or mc["name"] for mc in self.job.get("models", [])}
+        return all("engine" in self.services.get(base.get(name, name), {}) for name in urls)
+
     def source(self, name) -> TaskSource | None:
         return next((s for s in self.sources if s.name == name), None)
 
@@ -193,7 +199,7 @@ class EpisodeDesk:
         self.upgrades.runner_versions[msg.runner_id] = dict(msg.behaviors)
         if self.finished:
             return self._no_work(msg, sender, 2.0, "training finished")
-        if not self.sources or not urls or not self.models:
+        if not self.sources or not urls or not self.models or not self.serving(urls):
             return self._no_work(msg, sender, 0.2, "models not ready")
         leases = self.leases.lease(self.sources, msg.runner_id, msg.max_groups, self._consumed(), urls,
                                    msg.per_task, dict(msg.busy))

@@ -32,6 +32,7 @@ import json
 import mmap
 import os
 import re
+import socketserver
 import struct
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -205,8 +206,7 @@ class Receiver:
 
     def __init__(self, root: Path, token: str | None, host: str = "127.0.0.1", port: int = 0):
         self.root, self.token = Path(root), token
-        self.server = ThreadingHTTPServer((host, port), _PushHandler)
-        self.server.daemon_threads = True
+        self.server = _Server((host, port), _PushHandler)
         self.server.receiver = self
         self.port = self.server.server_address[1]
 
@@ -262,6 +262,16 @@ class Receiver:
         for old in sorted(target.parent.glob("v*.safetensors"))[:-3]:     # keep the last three
             old.unlink(missing_ok=True)
         return {"path": str(target), "bytes": done}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        """Without HTTPServer's reverse DNS lookup of its own address (``getfqdn``): on a host
+        with no resolver it took seconds, and the engine announced itself that much later."""
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
 
 
 class _PushHandler(BaseHTTPRequestHandler):
