@@ -107,10 +107,12 @@ def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(s
         assert len(train) == SHARED_STEPS and all(r["publish_bytes"] < 1_000_000 for r in train)
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == model]
         print(f"{model}: held-out {evals}")
-    # Each learns its own answer.  The rounder's reward teaches it one the base rarely gives
-    # (one run: 0.049 → 0.637 held-out after 10 steps); the adder's the one it gives already
-    # (0.318 → 0.461).
+    # Each learns its own answer.  Margins from `python bench/spread.py shared_base` (20 steps,
+    # 8 runs on a quiet machine and 4 beside a busy process, bench/results/spread_shared_base*.json):
+    # the rounder, whose reward the base rarely earns (4.9%), gained +20.7 … +56.8 points; the
+    # adder gained −2.0 … +22.5.  So: the rounder gains 10 points, and the adder keeps its answer
+    # (had it been served or trained with the rounder's adapter it would fall towards 5%).
     evals = {m: [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == m] for m in ("adder", "rounder")}
-    assert evals["rounder"][-1] > evals["rounder"][0] + 0.3, evals
-    assert evals["adder"][-1] > evals["adder"][0] + 0.05, evals
+    assert evals["rounder"][-1] > evals["rounder"][0] + 0.10, evals
+    assert evals["adder"][-1] > evals["adder"][0] - 0.10, evals
 
