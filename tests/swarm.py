@@ -164,9 +164,9 @@ class Swarm:
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.popen.pid, signal.SIGTERM)
-        for proc in self.procs:
+        for proc in self.procs:      # a head whose member was cut off took 15 s to stop: 5 s, then SIGKILL
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(15)
+                proc.popen.wait(5)
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.popen.pid, signal.SIGKILL)
