@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, as run on a lent GPU machine (no network there: dependencies missing from
 # its image travel as wheels in .whl/, see docs/architecture.md "GPU path").
-#   bash bench/gpu_check.sh   → engine/gateway/learner tests on CUDA + overhead benchmarks
+#   bash bench/gpu_check.sh   → engine/gateway/learner/LoRA tests on CUDA (vLLM's with LoRA where vLLM is
+#                               installed) + overhead and weight-sync benchmarks
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -10,7 +11,8 @@ nvidia-smi -L; nproc
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_engines.py tests/test_gateway.py \
-  tests/test_learner.py tests/test_hangs.py tests/test_poison.py 2>&1 | tee "$out/tests.log" | tail -6
+  tests/test_learner.py tests/test_hangs.py tests/test_poison.py tests/test_lora.py 2>&1 | tee "$out/tests.log" | tail -6
+timeout 120 python3 bench/weightsync.py --repeats 3 --no-cross-node 2>&1 | tee "$out/weightsync.log" | tail -8
 timeout 240 python3 bench/overhead.py --repeats 1 --steps 20 --warmup 3 --device cuda --agents plain,openai 2>&1 \
   | tee "$out/overhead-cuda.log" | tail -12
 cp bench/results/*.json "$out/"

@@ -43,6 +43,32 @@ def test_vllm_engine_matches_the_contract(tmp_path):   # pragma: no cover - GPU 
     engine.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
+                    reason="the vLLM engine needs a CUDA GPU and `pip install 'actorjet[vllm]'`")
+def test_vllm_engine_serves_published_lora_adapters(tmp_path):   # pragma: no cover - GPU machines only
+    from transformers import AutoModelForCausalLM
+
+    from actorjet.rl import lora
+    from actorjet.serving.vllm_engine import VLLMEngine
+
+    cfg = lora.check({"r": 8, "alpha": 16}, "test")
+    base = zoo.tiny_arith(0)
+    engine = VLLMEngine(str(base), dtype="float32", gpu_memory_utilization=0.2, lora=cfg)
+    prompt = engine.tokenizer("12+34=")["input_ids"]
+    before = engine.submit(GenRequest(prompt, 4, 0.0)).result(120)[0]
+    adapted = lora.attach(AutoModelForCausalLM.from_pretrained(base), cfg).get_base_model()
+    with torch.no_grad():
+        for name, p in lora.adapter_tensors(adapted).items():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    publish(lora.adapter_tensors(adapted), tmp_path / "v000001.safetensors")
+    engine.load_weights(1, str(tmp_path / "v000001.safetensors"))
+    after = engine.submit(GenRequest(prompt, 4, 0.0)).result(120)[0]
+    assert before.weight_version == 0 and after.weight_version == 1
+    assert after.logprobs != before.logprobs                 # the adapter is what serves now
+    engine.close()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU machines only
     from transformers import AutoModelForCausalLM
