@@ -206,25 +206,30 @@ def test_a_lora_job_trains_survives_a_learner_kill_and_exports(swarm, tmp_path):
     from jobs import tiny_arith
     from swarm import REPO, pid_of, wait_until
 
-    (tmp_path / "job.toml").write_text(tiny_arith(8, model='checkpoint_every = 3\nlora = { r = 4, alpha = 8 }'))
+    # 16 groups a step: slow enough (~1 s a step) that the kill lands mid-training
+    (tmp_path / "job.toml").write_text(tiny_arith(16, groups_per_step=16,
+                                                  model='checkpoint_every = 4\nlora = { r = 4, alpha = 8 }'))
     run = tmp_path / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])
     status = lambda: head_status(*attach_root(port))  # noqa: E731
-    wait_until(lambda: status()["models"][0]["learner_step"] >= 4, 180, interval_s=0.5, what="4 learner steps")
+    wait_until(lambda: status()["models"][0]["learner_step"] >= 4, 180, interval_s=0.2, what="4 learner steps")
     os.kill(pid_of(port, "model.policy/learner"), signal.SIGKILL)
-    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="8 learner steps")
-    assert status()["restarts"].get("root/model.policy/learner", 0) >= 1
+    killed_at = status()["models"][0]["learner_step"]
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="16 learner steps")
+    wait_until(lambda: status()["restarts"].get("root/model.policy/learner", 0) >= 1, 30, what="the learner restarted")
+    assert killed_at < 16, killed_at
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     full = sum(p.numel() * 4 for p in AutoModelForCausalLM.from_pretrained(zoo.tiny_arith(0)).parameters())
     assert train and all(0 < r["publish_bytes"] < full / 5 for r in train)      # every version an adapter
-    assert re.search(r"policy resumed at step [36] ", (run / "logs" / "head" / "actors.log").read_text())
+    # resumed from an adapter checkpoint (steps fly on a quiet machine: the kill may land late)
+    assert re.search(r"policy resumed at step (4|8|12|16) ", (run / "logs" / "head" / "actors.log").read_text())
     last = sorted((run / "checkpoints" / "policy").glob("step_*"))[-1]
     assert (last / "adapter_config.json").exists() and not (last / "model.safetensors").exists()
     out = tmp_path / "exported"
     assert main(["export", str(run), str(out)]) == 0
-    assert json.loads((out / "actorjet.json").read_text())["step"] == 8
+    assert json.loads((out / "actorjet.json").read_text())["step"] == 16
     AutoModelForCausalLM.from_pretrained(out)
 
 
