@@ -123,8 +123,11 @@ def test_export_mistakes_are_one_line(tmp_path, capsys):
 def test_lora_fields_are_checked():
     assert normalize({"models": [{"lora": {"r": 8}}]})["models"][0]["lora"]["target_modules"] == "all-linear"
     assert normalize({"models": [{}]})["models"][0]["lora"] == {}
-    for bad, says in (({"r": 0}, "r must be"), ({"rank": 8}, "unknown field 'rank'"),
-                      ({"target_modules": []}, "target_modules"), ({"dropout": 1.5}, "dropout")):
+    for bad, says in (({"r": 0}, "r must be"), ({"r": 10**9}, "r must be"), ({"r": True}, "r must be"),
+                      ({"rank": 8}, "unknown field 'rank'"), ({"alpha": float("nan")}, "alpha must be a finite"),
+                      ({"alpha": float("inf")}, "alpha must be a finite"), ({"alpha": "32"}, "alpha must be"),
+                      ({"target_modules": []}, "target_modules"), ({"target_modules": ""}, "target_modules"),
+                      ({"dropout": 1.5}, "dropout"), ({"dropout": float("nan")}, "dropout")):
         with pytest.raises(UserError, match=says):
             normalize({"models": [{"lora": bad}]})
     with pytest.raises(UserError, match="model name '../x'"):       # it names folders: weights/NAME/
@@ -367,6 +370,8 @@ def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
         assert put("/weights/../v000003.safetensors", b"x") == 400
         assert put("/weights/policy/model.bin", b"x") == 400
         assert put("/weights/policy/v000002.safetensors", b"x" * 10, length=1000) == 400
+        assert put("/weights/policy/v000002.safetensors", b"", length=0) == 400          # empty
+        assert put("/weights/policy/v000002.safetensors", b"x", length=10**19) == 507    # no file that big
         assert sorted(p.name for p in (tmp_path / "received" / "policy").iterdir()) == ["v000001.safetensors"]
         assert [p.name for p in (tmp_path / "received").iterdir()] == ["policy"]
         # versions 2-5 of the same size: the newest three stay, the oldest file is recycled

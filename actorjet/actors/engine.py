@@ -15,7 +15,6 @@ from datetime import timedelta
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.errors import UserError
 from actorjet.job import model_config_here, sharing
 from actorjet.serving.engine import GenRequest, RequestFailed
 from actorjet.serving import weights
@@ -78,8 +77,6 @@ class Engine(ManagedActor):
         job = self.context["job"]
         self.model = self.args["model"]
         cfg = model_config_here(job, self.model)
-        if cfg.get("base"):
-            raise UserError(f"model {self.model!r} is served by {cfg['base']!r}'s engine (base = ...)")
         self.engine = make_engine(cfg, job["train"]["seed"], sharing(job, self.model))
         if cfg["engine"] == "transformers":
             from actorjet.serving import threads

@@ -13,8 +13,11 @@ the head process, which must stay light.
 """
 from __future__ import annotations
 
+import math
+
 from actorjet.errors import UserError
 
+MAX_RANK = 4096           # beyond any model's width: a larger r is a typo, not an adapter
 DEFAULTS = {"r": 16, "alpha": 32.0, "target_modules": "all-linear", "dropout": 0.0}
 ADAPTER = "default"        # peft's adapter name: it is part of every LoRA parameter's name
 
@@ -27,11 +30,12 @@ def check(cfg: dict, where: str) -> dict:
     if unknown:
         raise UserError(f"{where}: lora: unknown field {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
     out = {**DEFAULTS, **cfg}
-    if not isinstance(out["r"], int) or isinstance(out["r"], bool) or out["r"] < 1:
-        raise UserError(f"{where}: lora: r must be a positive integer, got {out['r']!r}")
+    if not isinstance(out["r"], int) or isinstance(out["r"], bool) or not 1 <= out["r"] <= MAX_RANK:
+        raise UserError(f"{where}: lora: r must be an integer from 1 to {MAX_RANK}, got {out['r']!r}")
     for key in ("alpha", "dropout"):
-        if not isinstance(out[key], (int, float)) or isinstance(out[key], bool) or out[key] < 0:
-            raise UserError(f"{where}: lora: {key} must be a number >= 0, got {out[key]!r}")
+        value = out[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise UserError(f"{where}: lora: {key} must be a finite number >= 0, got {value!r}")
     if not 0 <= out["dropout"] < 1:
         raise UserError(f"{where}: lora: dropout must be in [0, 1), got {out['dropout']!r}")
     targets = out["target_modules"]

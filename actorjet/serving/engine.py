@@ -269,6 +269,7 @@ class TransformersEngine(BatchingEngine):
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
+        self.versions.update(dict.fromkeys(adapters or {}, 0))
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -291,7 +292,7 @@ class TransformersEngine(BatchingEngine):
         """One batch per adapter (a LoRA layer applies one adapter to a whole batch)."""
         names = sorted({r.adapter for r in reqs})
         for name in names:
-            if name not in self.versions and not (self.peft is not None and name in self.peft.peft_config):
+            if name not in self.versions:
                 raise ValueError(f"this engine serves no adapter {name!r}")
         if len(names) == 1:
             return self._generate_with(names[0], reqs)
@@ -307,7 +308,7 @@ class TransformersEngine(BatchingEngine):
         if self.peft is not None and len(self.peft.peft_config) > 1:
             from actorjet.rl.lora import ADAPTER
             self.peft.set_adapter(adapter or ADAPTER)
-        version = self.versions.setdefault(adapter, 0)
+        version = self.versions[adapter]
         self.batches += 1
         rows = [(i, k) for i, r in enumerate(reqs) for k in range(r.n)]
         prompts = [reqs[i].prompt_ids for i, _ in rows]

@@ -38,14 +38,14 @@ def export(run_dir: str | Path, model: str, out: str | Path) -> dict:
     state = json.loads((folder / "state.json").read_text())
     adapter = folder / "adapter_config.json"
     if adapter.exists():
-        from peft import PeftModel
+        from actorjet.rl import lora
 
         base_path = json.loads(adapter.read_text()).get("base_model_name_or_path") or ""
         if not Path(base_path).is_dir():
             raise UserError(f"{folder}: the adapter's base model {base_path!r} is not on this machine "
                             "(export on the node that ran the learner)")
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-        model_obj = PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
+        model_obj = lora.merged(lora.load(base, str(folder), trainable=False))
     else:
         model_obj = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tmp = out.with_name(out.name + ".partial")

@@ -32,6 +32,7 @@ import json
 import mmap
 import os
 import re
+import shutil
 import socketserver
 import struct
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -155,14 +156,14 @@ def newest(folder: str | Path) -> Path | None:
 
 # -- across nodes: streamed in buckets ----------------------------------------------------------
 
-BUCKET = 16 << 20       # bytes per write on the sending side of a push
+BUCKET = 16 << 20       # the most bytes the receiver reads into its file at once
 NAME = re.compile(r"^v\d{6}\.safetensors$")
 FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")      # a model name; never "." or ".."
 
 
 def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: float = 300.0) -> str:
     """Stream the version file at ``path`` to an engine on another node (``PUT
-    /weights/FOLDER/NAME``), in buckets straight from the page cache; returns the path the
+    /weights/FOLDER/NAME``) straight from the page cache (``sendfile``); returns the path the
     engine stored it under on its own node.  The engine writes it under ``*.partial`` and
     renames it when every byte is there, so an interrupted push leaves nothing it would load."""
     import http.client
@@ -170,7 +171,7 @@ def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: 
 
     path, url = Path(path), urlsplit(engine_url)
     conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    conn = conn_class(url.hostname, url.port, timeout=timeout_s, blocksize=BUCKET)
+    conn = conn_class(url.hostname, url.port, timeout=timeout_s)
     try:
         conn.putrequest("PUT", f"/weights/{folder}/{path.name}")
         conn.putheader("Authorization", f"Bearer {token}")
@@ -233,6 +234,8 @@ class Receiver:
             raise PushRefused(400, "a weight version file is never empty")
         target = self.root / parts[2] / parts[3]
         target.parent.mkdir(parents=True, exist_ok=True)
+        if size > shutil.disk_usage(target.parent).free:
+            raise PushRefused(507, f"{target.name}: {size} bytes do not fit on this node's disk")
         partial = target.with_name(target.name + PARTIAL)
         older = sorted(p for p in target.parent.glob("v*.safetensors") if p.name < target.name)
         if len(older) >= 3 and older[0].stat().st_size == size:
@@ -252,8 +255,11 @@ class Receiver:
                 os.close(fd)
         except ConnectionError:
             pass                                       # the learner died mid-push: judged below
+        except OSError as e:                           # a full disk, or a size no file can have
+            partial.unlink(missing_ok=True)
+            raise PushRefused(507, f"cannot store {target.name} ({size} bytes): {e.strerror or e}") from None
         except BaseException:
-            partial.unlink(missing_ok=True)            # e.g. a full disk: nothing half-written stays
+            partial.unlink(missing_ok=True)            # nothing half-written stays
             raise
         if done != size:
             partial.unlink(missing_ok=True)
