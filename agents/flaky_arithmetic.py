@@ -8,6 +8,10 @@ arithmetic episode, so ActorJet's fault handling can be exercised in a real trai
     AJ_FLAKY_HANG    probability that it hangs for AJ_FLAKY_HANG_S s (default 0.02, 30 s)
     AJ_FLAKY_EXIT    probability that it kills its runner process    (default 0.0)
     AJ_FLAKY_LEAK_MB megabytes it leaks per episode                  (default 0)
+
+As a task source (``source = "agents.flaky_arithmetic"``) it is the arithmetic task with a
+held-out evaluation of 8 problems that takes AJ_FLAKY_EVAL_S seconds (default 0): the slow
+multi-turn evaluation of a real model, in a second.
 """
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ import os
 import random
 import time
 
+from agents import arithmetic as plain
 from agents.arithmetic import behavior as arithmetic
+
 
 
 _LEAKED: list = []
@@ -38,3 +44,15 @@ def behavior(task: dict, llm) -> float:
     if _rate("AJ_FLAKY_LEAK_MB", 0.0):
         _LEAKED.append(b"\x01" * int(_rate("AJ_FLAKY_LEAK_MB", 0.0) * 2**20))   # touched: resident
     return arithmetic(task, llm)
+
+
+tasks = plain.tasks       # as a task source: the arithmetic problems
+
+
+def eval_tasks(split: str = "validation") -> list[dict]:
+    return plain.eval_tasks(split)[:8]
+
+
+def eval_episode(task: dict, chat) -> float:
+    time.sleep(_rate("AJ_FLAKY_EVAL_S", 0.0))
+    return plain.score(task, chat(plain.messages(task), None, 8)["content"] or "")

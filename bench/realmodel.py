@@ -7,7 +7,8 @@ Runs agents/calculator.toml (SmolLM2-135M-Instruct, LoRA r=16, the calculator ag
 the ``openai`` SDK with ``tools=``) once per seed, each for at most ``--minutes`` of wall time
 from the head's start (model loading included).  From each run's metrics.jsonl: held-out
 success (128 greedy episodes, validation split) before training and at each evaluation, the
-gain, the context tracker's token_ratio (tokens before merging / after), seconds per step,
+gain, the context tracker's token_ratio (tokens before merging / after), seconds per step
+(wall: the run's time over its steps, loading included; train: the learner's GRPO step),
 publish bytes and seconds.  Prints a table, writes bench/results/realmodel[-DEVICE].json and
 a plot of the learning curves (held-out success against minutes) next to it.
 """
@@ -66,10 +67,11 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str) -> dict:
             "token_ratio": statistics.mean(ratios) if ratios else None,
             "reward_first5": statistics.mean(r["reward_mean"] for r in train[:5]) if len(train) >= 5 else None,
             "reward_last5": statistics.mean(r["reward_mean"] for r in train[-5:]) if len(train) >= 5 else None,
-            "s_per_step": statistics.median(r["step_time_s"] for r in train) if train else None,
+            "train_s_per_step": statistics.median(r["step_time_s"] for r in train) if train else None,
             "publish_bytes": train[-1].get("publish_bytes") if train else None,
             "publish_s": statistics.median(r.get("publish_s") or 0.0 for r in train) if train else None,
-            "minutes": (time.time() - t0) / 60}
+            "minutes": (time.time() - t0) / 60,
+            "wall_s_per_step": (time.time() - t0) / max(1, len(train))}     # loading included
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -105,11 +107,12 @@ def main() -> None:
         return "-" if x is None else f"{100 * x:.1f}%"
     table([(r["seed"], r["steps"], f"{r['minutes']:.1f}", pct(r["before"]), pct(r["last"]),
             f"{100 * (r['last'] - r['before']):+.1f}" if r["last"] is not None else "-",
-            f"{r['token_ratio']:.2f}" if r["token_ratio"] else "-", f"{r['s_per_step']:.1f}",
+            f"{r['token_ratio']:.2f}" if r["token_ratio"] else "-", f"{r['wall_s_per_step']:.0f}",
+            f"{r['train_s_per_step']:.1f}",
             f"{(r['publish_bytes'] or 0) / 1e6:.1f} MB", f"{r['publish_s']:.3f}")
            for r in runs],
           ("seed", "steps", "minutes", "held-out before", "after", "gain (points)", "token_ratio",
-           "s/step", "publish", "publish s"))
+           "wall s/step", "train s/step", "publish", "publish s"))
     name = "realmodel" if a.device == "cpu" else f"realmodel-{a.device}"
     write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "runs": runs})
     plot(runs, RESULTS / f"{name}.png")

@@ -134,6 +134,38 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     assert "watchdog: policy/engine stalled" in text and "watchdog: policy/gateway stalled" in text
 
 
+def test_a_slow_evaluation_neither_stops_training_nor_gets_the_learner_restarted(swarm, tmp_path):
+    """A held-out evaluation that takes longer than the watchdog's stall_s (SmolLM2's
+    multi-turn one takes minutes): inline, it stopped training and the watchdog restarted the
+    learner.  It runs on a copy beside training now: steps go on meanwhile, the lines come in
+    step order, the last evaluation is awaited, the learner is never restarted."""
+    import json
+
+    from actorjet.runtime.head import attach_root, status as head_status
+
+    job = tiny_arith(steps=12, eval_every=4, train="stall_s = 4.0", behavior="agents.flaky_arithmetic:behavior")
+    (tmp_path / "job.toml").write_text(job.replace('source = "agents.arithmetic"', 'source = "agents.flaky_arithmetic"'))
+    swarm.env.update(AJ_FLAKY_EVAL_S="8", AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0")
+    run = tmp_path / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="12 learner steps")
+    rows = lambda: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    wait_until(lambda: any(r["kind"] == "eval" and r["step"] == 12 for r in rows()), 30,
+               what="the last evaluation's line")      # it follows the last step's Trained
+    rows = rows()
+    evals = [r for r in rows if r["kind"] == "eval"]
+    trained_before_first_eval = [r["step"] for r in rows if r["kind"] == "train" and r["time"] < evals[0]["time"]]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 12, evals
+    assert [e["step"] for e in evals] == sorted(e["step"] for e in evals)
+    assert all(e["eval_time_s"] >= 8 for e in evals), evals
+    assert len(trained_before_first_eval) >= 2, trained_before_first_eval       # training went on meanwhile
+    data = status()
+    assert not any(path.endswith("/learner") for path in data["restarts"]), data["restarts"]
+    assert data["stalls_detected"] == 0
+
+
 def test_requests_held_by_a_stuck_batcher_count_as_waiting():
     """The watchdog names an engine with work waiting and no progress.  A batcher that stalls
     while holding every request in flight leaves its queue empty: those requests must still
