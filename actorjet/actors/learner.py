@@ -10,7 +10,8 @@ adapter alone with LoRA, rl/lora.py) → tell the engine
 ``eval_every`` steps a held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
 Evaluations run on a copy of the weights in a thread of their own while training goes on
 (a multi-turn evaluation of a real model takes minutes: run inline it stopped training, and
-the watchdog took the quiet learner for a stuck one); the last one is awaited.
+the watchdog took the quiet learner for a stuck one); training counts as finished when the
+last one's line is in.
 The store, the weights and the checkpoints are on the learner's own node (its model subtree
 may be placed on a GPU node); nothing here reads a file of the head's.  A (re)started
 learner rewinds the store to its checkpoint and simply pulls again.
@@ -301,24 +302,27 @@ class Learner(ManagedActor):
                                                   "tools_unified", "text_aligned",
                                                   "by_behavior", "by_task") if k in stats})
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
-        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks))
-        self._send_counts()
         if self.step % self.cfg["eval_every"] == 0 or done:
-            self._evaluate(wait=done)
+            self._evaluate(last=done)
+        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks,
+                                           evaluating=done and bool(self.evals_running)))
+        self._send_counts()
         if self.step % self.cfg["checkpoint_every"] == 0 or done:
             self._checkpoint()
 
-    def _evaluate(self, wait: bool = False) -> None:
+    def _evaluate(self, last: bool = False) -> None:
         """Held-out accuracy of the weights as they are now, on every task that has an eval
-        set: scored on a copy in the eval thread, reported when done (``wait``: now)."""
+        set: scored on a copy in the eval thread, reported by a later wakeup when done (never
+        waited for in the actor: what it sends leaves only when its handler returns, so a
+        learner waiting here looks stuck to the watchdog).  ``last``: never skipped; the
+        registry counts training finished when its line arrives."""
         self._report_evals()
-        if self.evals and len(self.evals_running) >= 2 and not wait:     # one scoring, one waiting:
+        if self.evals and len(self.evals_running) >= 2 and not last:     # one scoring, one waiting:
             log.info("%s step %d: held-out evaluation skipped, two are still running", self.model_name, self.step)
             return                                                        # no pile of weight copies
         if self.evals:
             weights_now = copy.deepcopy(self.model)
             self.evals_running.append(self.eval_pool.submit(self._score, weights_now, self.step, self.version))
-        self._report_evals(wait)
 
     def _score(self, model, step: int, version: int) -> list[dict]:
         """In the eval thread: one metrics line per task."""
@@ -331,14 +335,16 @@ class Learner(ManagedActor):
                             "eval_time_s": time.perf_counter() - t0})
         return records
 
-    def _report_evals(self, wait: bool = False) -> None:
+    def _report_evals(self) -> None:
         """Send the lines of finished evaluations, oldest first (an evaluation that failed
         raises here, in the actor: the learner restarts, as it did when evaluation was inline)."""
-        while self.evals_running and (wait or self.evals_running[0].done()):
-            for record in self.evals_running.pop(0).result():
+        while self.evals_running and self.evals_running[0].done():
+            records = self.evals_running.pop(0).result()
+            for record in records:
                 self._metric(record)
                 log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, record["step"],
                          record["task"], record["accuracy"])
+            self.send(self.registry, m.Evaluated(self.model_name, records[0]["step"]))
 
     def _metric(self, record: dict) -> None:
         """metrics.jsonl is the head's (the registry writes it): this node may be another."""

@@ -108,7 +108,8 @@ class EpisodeDesk:
             m.ServiceUp: self.on_ServiceUp, m.TaskCommand: self.on_TaskCommand,
             m.LeaseRequest: self.on_LeaseRequest, m.GroupResult: self.on_GroupResult,
             m.RunnerDown: self.on_RunnerDown, m.StoreCounts: self.on_StoreCounts, m.Progress: self.on_Progress, m.Metric: self.on_Metric,
-            m.Trained: self.on_Trained, m.Quarantined: self.on_Quarantined, m.ClientEvent: self.on_ClientEvent,
+            m.Trained: self.on_Trained, m.Evaluated: self.on_Evaluated,
+            m.Quarantined: self.on_Quarantined, m.ClientEvent: self.on_ClientEvent,
             m.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
             m.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
             m.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
@@ -282,7 +283,7 @@ class EpisodeDesk:
         size = self.batch_groups
         for model, info in self.models.items():
             learner = self.services.get(model, {}).get("learner")
-            if learner is None or self.finished:
+            if learner is None or self.finished or info.get("evaluating_step") is not None:
                 self.watchdog.forget(f"{model}/learner")
                 continue
             backlog = self.counters.groups_finished - info["consumed"] - self.counters.groups_quarantined
@@ -332,6 +333,13 @@ class EpisodeDesk:
             self.accuracy.setdefault(model, {})[str(msg.record.get("task", ""))] = msg.record.get("accuracy")
         return []
 
+    def on_Evaluated(self, msg: m.Evaluated, sender) -> Out:
+        info = self.models.get(msg.model, {})
+        if info.get("evaluating_step") is not None and msg.step == info["evaluating_step"]:
+            info["evaluating_step"] = None
+            self.finished = True
+        return []
+
     def on_Trained(self, msg: m.Trained, sender) -> Out:
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)
@@ -339,7 +347,9 @@ class EpisodeDesk:
         for task, n in msg.tasks.items():
             per_task = info.setdefault("consumed_by_task", {})
             per_task[task] = per_task.get(task, 0) + n
-        if msg.done:
+        if msg.done and msg.evaluating:      # done training; finished when its last evaluation reports
+            info["evaluating_step"] = msg.step
+        elif msg.done:
             self.finished = True
         self._record({"kind": "swarm", "model": msg.model, "step": msg.step,    # the swarm's fault counters
                       **self.status_counts(), "restarts": dict(self.restarts), "nodes_lost": self.nodes_lost})

@@ -317,6 +317,15 @@ class Trained:
     groups: int
     done: bool = False
     tasks: dict = field(default_factory=dict)     # task → groups of it in this step
+    evaluating: bool = False    # done, and its last evaluation is still running (Evaluated follows)
+
+
+@dataclass
+class Evaluated:
+    """Learner → registry after an evaluation's metrics lines (one per task): a learner done
+    with training counts as finished only then."""
+    model: str
+    step: int
 
 
 @dataclass
