@@ -90,7 +90,7 @@ def calculate(expression: str) -> str:
         raise ValueError("only numbers and + - * / ( )")
     try:
         result = value(ast.parse(str(expression)[:200], mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError) as e:
+    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError) as e:
         return f"error: {e}"
     return str(int(result)) if float(result).is_integer() else f"{result:.6g}"
 
@@ -114,6 +114,8 @@ def play(task: dict, ask: Ask) -> float:
             try:
                 args = json.loads(call["function"]["arguments"] or "{}")
             except json.JSONDecodeError:
+                args = {}
+            if not isinstance(args, dict):
                 args = {}
             result = (calculate(args.get("expression", "")) if call["function"]["name"] == "calculator"
                       else f"error: no tool {call['function']['name']!r}")

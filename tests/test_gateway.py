@@ -113,6 +113,15 @@ def test_completions_and_models_endpoints(served):
     (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}], n=0), 400, "n"),
     (dict(model="tiny", messages=[{"role": "user", "content": "1" * 400}]), 400, "context_length_exceeded"),
     (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=10_000), 400, "max_tokens"),
+    # tools the gateway must write into the prompt (tiny-arith's template knows none): a 400, not a 500
+    (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}],
+          tools=[{"type": "function", "function": {"name": 5}}]), 400, "tools"),
+    (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}],
+          tools=[{"type": "function", "function": {"name": "f", "parameters": ["x"]}}]), 400,
+     "tools[0].function.parameters"),
+    (dict(model="tiny", messages=[{"role": "user", "content": "1+1="}],
+          tools=[{"type": "function", "function": {"name": "f", "parameters": {"properties": "x"}}}]), 400,
+     "tools[0].function.parameters"),
 ])
 def test_client_mistakes_are_openai_shaped_4xx(served, kwargs, status, code_or_param):
     _, server = served

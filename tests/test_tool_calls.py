@@ -12,7 +12,7 @@ from actorjet.serving.engine import TransformersEngine
 from actorjet.serving.gateway import GatewayApp, local_backend
 from actorjet.serving.heldout import eval_spec
 from actorjet.serving.serve import AppServer
-from actorjet.serving.tool_calls import format_call, inline_tools, split_pythonic, template_knows_tools
+from actorjet.serving.tool_calls import MAX_CLOSERS, format_call, inline_tools, split_pythonic, template_knows_tools
 from agents import arithmetic, calculator
 
 SECRET = "tool-secret"
@@ -36,6 +36,10 @@ def test_pythonic_calls_parse_in_the_openai_shape_and_render_back_the_same():
     # not calls: unknown tools, names, code, unbalanced text
     for text in ("calculator(x)", "add(1, 2)", "calculator(__import__('os'))", "calculator(", "no call"):
         assert split_pythonic(text, TOOLS) == (text, []), text
+    # the parser tries at most MAX_CLOSERS ")" per call (it runs on every answer in the gateway)
+    long_call = 'calculator("' + "(1)" * (MAX_CLOSERS + 1) + '")'
+    assert split_pythonic(long_call, TOOLS) == (long_call, [])
+    assert split_pythonic('calculator("' + "(1)" * (MAX_CLOSERS - 2) + '")', TOOLS)[1]
 
 
 def test_a_template_without_tools_gets_them_written_into_the_conversation():

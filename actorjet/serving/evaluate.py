@@ -17,6 +17,9 @@ from actorjet.serving import tool_calls
 from actorjet.serving.engine import GenRequest, TransformersEngine
 from actorjet.serving.openai_api import render_prompt
 
+CALL_TIMEOUT_S = 600.0   # a call never answered fails the evaluation (the learner restarts and
+                         # evaluates again), rather than leave a finished run waiting for its line
+
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: int | None = None) -> float:
@@ -51,7 +54,7 @@ def episode_accuracy(model, tokenizer, tasks: list, eval_episode, max_tokens: in
     def chat(messages: list[dict], tools: list | None = None, max_tokens: int = max_tokens) -> dict:
         """One greedy answer as an OpenAI message dict (``content``, ``tool_calls``)."""
         ids = render_prompt(tokenizer, messages, tools)
-        res = engine.submit(GenRequest(ids, max_tokens, 0.0)).result()[0]
+        res = engine.submit(GenRequest(ids, max_tokens, 0.0)).result(timeout=CALL_TIMEOUT_S)[0]
         content, calls = tool_calls.split_tool_calls(
             tokenizer.decode(res.completion_ids, skip_special_tokens=True), tools, tokenizer)
         return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}

@@ -148,8 +148,15 @@ def parse_tools(body: dict) -> list | None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type") == "function"
                                               and isinstance(t.get("function"), dict)
-                                              and t["function"].get("name") for t in tools):
+                                              and isinstance(t["function"].get("name"), str)
+                                              and t["function"]["name"] for t in tools):
         raise ApiError(400, "'tools' must be an array of {type: 'function', function: {name, ...}}", "tools")
+    for i, t in enumerate(tools):      # the gateway writes these into the prompt for some templates
+        params = t["function"].get("parameters")
+        if params is not None and (not isinstance(params, dict)
+                                   or not isinstance(params.get("properties", {}), dict)):
+            raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object "
+                                "whose 'properties' is an object", f"tools[{i}].function.parameters")
     return tools
 
 

@@ -19,6 +19,7 @@ import re
 import uuid
 
 _HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+MAX_CLOSERS = 16     # a pythonic call's arguments hold at most this many ")" (the parser tries each)
 
 
 def template_knows_tools(tokenizer) -> bool:
@@ -134,11 +135,15 @@ def split_pythonic(text: str, tools: list[dict]) -> tuple[str | None, list[dict]
     calls, spans, pos = [], [], 0
     while (m := pattern.search(text, pos)):
         name, found = m.group(1), None
-        for end in (i for i, ch in enumerate(text) if ch == ")" and i > m.end() - 1):
+        end = text.find(")", m.end())
+        for _ in range(MAX_CLOSERS):        # a bound: this runs on every answer, in the gateway
+            if end < 0:
+                break
             args = _parse_call(text[m.start():end + 1], name, params[name])
             if args is not None:
                 found = (end + 1, args)
                 break
+            end = text.find(")", end + 1)
         if found is None:
             pos = m.end()
             continue
