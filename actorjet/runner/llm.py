@@ -15,6 +15,7 @@ import threading
 
 import openai
 
+from actorjet.runner.transport import LeanTransport
 from actorjet.runtime import endpoints
 
 _shared = threading.local()
@@ -28,7 +29,7 @@ def _base_client(base_url: str, role: str) -> openai.OpenAI:
     key = (base_url, role)
     if key not in cache:
         trust = endpoints.client_ssl() if base_url.startswith("https:") else None   # a self-signed gateway
-        http = openai.DefaultHttpxClient(verify=trust) if trust is not None else None
+        http = openai.DefaultHttpxClient(transport=LeanTransport(trust))
         cache[key] = openai.OpenAI(base_url=base_url, api_key="unset", max_retries=6, timeout=600,
                                    default_headers={"X-ActorJet-Role": role}, http_client=http)
     return cache[key]

@@ -372,17 +372,25 @@ class TransformersEngine(BatchingEngine):
 
     def _sample(self, logp: torch.Tensor, greedy: torch.Tensor, top_ps: list[float],
                 gens: list) -> torch.Tensor:
+        """One token per row.  Rows without a seed of their own are drawn in one multinomial
+        call (one call per row was ~18% of the engine's CPU on short answers); a seeded
+        request keeps its own generator, so its tokens depend on its seed alone."""
         tokens = logp.argmax(-1)
         probs = logp.exp()
-        for b in range(logp.shape[0]):
-            if greedy[b]:
-                continue
-            p = probs[b]
+        sampled = [b for b, g in enumerate(greedy.tolist()) if not g]
+        for b in sampled:
             if top_ps[b] < 1.0:
+                p = probs[b]
                 sorted_p, order = p.sort(descending=True)
                 keep = sorted_p.cumsum(0) - sorted_p < top_ps[b]
-                p = torch.zeros_like(p).scatter(0, order[keep], sorted_p[keep])
-            tokens[b] = torch.multinomial(p, 1, generator=gens[b] or self.generator)[0]
+                probs[b] = torch.zeros_like(p).scatter(0, order[keep], sorted_p[keep])
+        shared = [b for b in sampled if gens[b] is None]
+        if shared:
+            rows = torch.tensor(shared, device=logp.device)
+            tokens[rows] = torch.multinomial(probs[rows], 1, generator=self.generator).squeeze(-1)
+        for b in sampled:
+            if gens[b] is not None:
+                tokens[b] = torch.multinomial(probs[b], 1, generator=gens[b])[0]
         return tokens
 
     def _hit_stop(self, stop: list[str], ids: list[int]) -> bool:

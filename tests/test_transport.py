@@ -1,0 +1,136 @@
+"""The lean transport under the `openai` clients behaviors get (runner/transport.py): the SDK
+must see exactly what it would see with its own transport: answers, streams, HTTP errors,
+retries, timeouts and dead servers.  The https path is covered by test_security.py (a runner
+on another host calls the https gateway through it)."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+import pytest
+
+from actorjet import signing
+from actorjet.runner.llm import LLM
+from actorjet.serving import zoo
+from actorjet.serving.engine import TransformersEngine
+from actorjet.serving.gateway import GatewayApp, local_backend
+from actorjet.serving.serve import AppServer
+
+SECRET = "transport-test-secret"
+ANSWER = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+          "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "42"}}],
+          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    engine = TransformersEngine(zoo.tiny_arith(0))
+    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len)
+    server = AppServer(gw.app())
+    yield gw, server
+    server.stop()
+    engine.close()
+
+
+def llm(url: str, episode: str) -> LLM:
+    return LLM({"tiny": url}, signing.mint_key(SECRET, episode), episode)
+
+
+def test_answers_and_streams_through_the_gateway(gateway):
+    gw, server = gateway
+    c = llm(server.url + "/v1", "t1").client()
+    messages = [{"role": "user", "content": "33+44="}]
+    plain = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+    chunks = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == plain.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens >= 1
+    for _ in range(3):     # the same kept-alive connection, after a stream was read to its end
+        again = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        assert again.choices[0].message.content == plain.choices[0].message.content
+    assert len(gw.store.calls(["t1"])["t1"]) == 5
+
+
+def test_gateway_errors_reach_the_agent_as_the_sdk_raises_them(gateway):
+    _, server = gateway
+    c = llm(server.url + "/v1", "t2").client()
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=-3)
+    bad = LLM({"tiny": server.url + "/v1"}, "not-a-key").client()
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+    ok = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+    assert ok.choices[0].message.content is not None       # the connection survived the errors
+
+
+class Scripted(BaseHTTPRequestHandler):
+    """Answers as told by the server's ``script`` (one entry per request, then 200s)."""
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        step = self.server.script.pop(0) if self.server.script else "ok"
+        self.server.seen.append(step)
+        if step == "busy":
+            body = json.dumps({"error": {"message": "engine restarting"}}).encode()
+            self.send_response(503)
+            self.send_header("Retry-After", "0")
+        elif step == "hang":
+            threading.Event().wait(3)
+            return
+        else:
+            body = json.dumps(ANSWER).encode()
+            self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if step == "close":
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        if step == "drop-after":          # answers, then drops the kept-alive connection while idle
+            self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def scripted():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    server.daemon_threads = True
+    server.script, server.seen = [], []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def ask(client):
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "q"}], max_tokens=2)
+
+
+def test_503_is_retried_and_a_dropped_idle_connection_is_reopened(scripted):
+    server, url = scripted
+    client = llm(url, "t3").client()
+    server.script[:] = ["busy", "busy", "drop-after", "close"]
+    assert ask(client).choices[0].message.content == "42"        # two 503s (the SDK retries), then the answer
+    once = client.with_options(max_retries=0)                    # below the SDK's retries:
+    assert ask(once).choices[0].message.content == "42"          # over a connection the server had closed
+    assert ask(once).choices[0].message.content == "42"          # after a Connection: close
+    assert server.seen == ["busy", "busy", "drop-after", "close", "ok"]
+
+
+def test_timeouts_and_dead_servers_are_the_sdks_errors(scripted):
+    server, url = scripted
+    server.script[:] = ["hang"]
+    quick = llm(url, "t4").client().with_options(timeout=0.5, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        ask(quick)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"        # bound, never listening: refused
+    with pytest.raises(openai.APIConnectionError):
+        ask(llm(dead, "t5").client().with_options(max_retries=0))
