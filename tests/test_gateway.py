@@ -226,3 +226,17 @@ def test_engine_client_sends_concurrent_requests_together_and_never_leaves_one_w
     assert [len(a) for a in answers] == [1] * 12
     assert answers[0][0].completion_ids == answers[10][0].completion_ids    # same prompt, greedy
     assert all(isinstance(f, EngineUnavailable) for f in failures), failures
+
+
+def test_a_repeated_conversation_reuses_its_rendered_prompt_and_only_its_own(served):
+    """A GRPO group sends one conversation 8 times; the gateway renders it once.  The reuse
+    must never hand one conversation's prompt to another, nor let a caller change it."""
+    gw, server = served
+    c = client(server, "ep_cache")
+    for question in ("12+30=", "12+31=", "12+30=", "12+31="):
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": question}], max_tokens=2)
+    ids = [call["prompt_ids"] for call in gw.store.calls(["ep_cache"])["ep_cache"]]
+    assert ids[0] == ids[2] == gw.tokenizer("12+30=")["input_ids"]
+    assert ids[1] == ids[3] == gw.tokenizer("12+31=")["input_ids"]
+    gw._render([{"role": "user", "content": "12+30="}], None).append(0)     # a caller's change stays its own
+    assert gw._render([{"role": "user", "content": "12+30="}], None) == ids[0]
