@@ -1,10 +1,11 @@
 """Engines: batching, weight versions, and the vLLM engine where a GPU and vLLM exist."""
 import importlib.util
+import time
 import pytest
 import torch
 
 from actorjet.serving import zoo
-from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.serving.engine import BatchingEngine, GenRequest, GenResult, TransformersEngine
 from actorjet.serving.weights import publish
 
 
@@ -105,3 +106,43 @@ def test_a_head_will_not_fork_cuda_models_from_a_process_that_used_cuda(monkeypa
     with pytest.raises(UserError, match="cannot use CUDA"):
         refuse_cuda_before_fork(on_gpu)
     refuse_cuda_before_fork({"models": [{"name": "policy", "device": "cpu"}]})    # CPU models may fork
+
+
+class _Recording(BatchingEngine):
+    """The batcher alone (its policy is under test, not a model): answers after 5 ms and
+    records each batch's size."""
+
+    def __init__(self, window_s: float, busy_window_s: float):
+        self.sizes: list[int] = []
+        self._start_batching(64, window_s, True, max_wait_s=1.0, busy_window_s=busy_window_s)
+
+    def _generate(self, reqs):
+        self.sizes.append(len(reqs))
+        time.sleep(0.005)
+        return [[GenResult([1], [-0.1], "stop", 0)] for _ in reqs]
+
+    def _load(self, path, adapter=""):
+        pass
+
+
+def test_under_load_the_batcher_waits_longer_and_a_lone_caller_does_not_wait():
+    """Requests that trickle in (agents sharing a CPU) are gathered into one batch once the
+    engine is busy; a caller alone, one request at a time, is answered at the short window."""
+    engine = _Recording(window_s=0.002, busy_window_s=0.5)
+    try:
+        lone = []
+        for _ in range(3):
+            start = time.monotonic()
+            engine.submit(GenRequest([1], 1)).result(5)
+            lone.append(time.monotonic() - start)
+        assert max(lone) < 0.3 and engine.sizes == [1, 1, 1]
+        burst = [engine.submit(GenRequest([1], 1)) for _ in range(4)]       # load: a batch of 4
+        [f.result(5) for f in burst]
+        trickle = []
+        for _ in range(6):                                                 # then one every 40 ms
+            trickle.append(engine.submit(GenRequest([1], 1)))
+            time.sleep(0.04)
+        [f.result(5) for f in trickle]
+        assert engine.sizes[3] == 4 and engine.sizes[4] >= 4, engine.sizes   # gathered, not 6 batches of 1
+    finally:
+        engine.close()

@@ -59,7 +59,10 @@ class GenResult:
 class BatchingEngine:
     """Requests that arrive within ``window_s`` of each other (for at most ``max_wait_s``)
     are generated together, up to ``max_batch`` sequences, in one background thread;
-    weights change only between batches.
+    weights change only between batches.  Under load (the last batch held more than one
+    request) the window is ``busy_window_s``: on a CPU shared with the agents, requests arrive
+    spread out, and a short window cut batches at ~38 requests when 128 were in flight; a
+    batch costs ~40% less per request at 128 than at 32 (tiny-arith, 4 tokens).
     Subclasses implement ``_generate(reqs)`` and ``_load(path, adapter)``.
 
     Weight versions are per adapter: "" is the engine's own model; a model that shares this
@@ -67,8 +70,11 @@ class BatchingEngine:
     with versions from its own learner."""
 
     def _start_batching(self, max_batch: int, window_s: float, start_thread: bool,
-                        max_wait_s: float = 0.05, crash_on_thread_death: bool = False) -> None:
+                        max_wait_s: float = 0.1, crash_on_thread_death: bool = False,
+                        busy_window_s: float = 0.02) -> None:
         self.max_batch, self.window_s, self.max_wait_s = max_batch, window_s, max_wait_s
+        self.busy_window_s = max(window_s, busy_window_s)
+        self._last_size = 0
         self.versions: dict[str, int] = {"": 0}
         self._pending_weights: dict[str, tuple[int, str]] = {}
         self._queue: queue.Queue = queue.Queue()
@@ -144,8 +150,9 @@ class BatchingEngine:
             # in one batch instead of a small first batch and a long queue behind it.
             cap = time.monotonic() + self.max_wait_s
             size = sum(r.n for r, _ in batch)
+            window = self.busy_window_s if self._last_size > 1 else self.window_s
             while size < self.max_batch:
-                timeout = min(self.window_s, cap - time.monotonic())
+                timeout = min(window, cap - time.monotonic())
                 try:
                     item = self._queue.get(timeout=max(0.0, timeout))
                 except queue.Empty:
@@ -153,6 +160,7 @@ class BatchingEngine:
                 if item is not None and not self._test_hook(item):
                     batch.append(item)
                     size += item[0].n
+            self._last_size = size
             with self._lock:
                 self._apply_weights()
                 if not batch:
