@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from datetime import timedelta
 
 from aiohttp import web
@@ -41,6 +42,33 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
                               adapters=adapters)
 
 
+def all_done(futures: list) -> asyncio.Future:
+    """An awaitable that resolves once every one of the engine's futures is done.  Waking the
+    event loop once per call rather than once per request (asyncio.wrap_future does the
+    latter, each through the loop's self-pipe) was a quarter of the engine's HTTP-side CPU."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def finish() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def one_done(_future) -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last and not loop.is_closed():
+            loop.call_soon_threadsafe(finish)
+
+    if not futures:
+        finish()
+    for future in futures:
+        future.add_done_callback(one_done)
+    return done
+
+
 def engine_app(engine, token: str | None = None) -> web.Application:
     """``token``: the cluster token every caller must send (the endpoint listens on the node's
     network address); None only for in-process tests."""
@@ -52,9 +80,10 @@ def engine_app(engine, token: str | None = None) -> web.Application:
             reqs = [GenRequest(**r) for r in body["requests"]]
         except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
             return web.json_response({"error": {"message": f"malformed generate request: {e}"}}, status=400)
-        futures = [asyncio.wrap_future(engine.submit(r)) for r in reqs]
+        futures = [engine.submit(r) for r in reqs]
+        await all_done(futures)
         answers = []
-        for outcome in await asyncio.gather(*futures, return_exceptions=True):
+        for outcome in [f.exception() or f.result() for f in futures]:
             if isinstance(outcome, RequestFailed):      # this request's own fault: a 400 at the gateway
                 answers.append({"error": str(outcome), "request_error": True})
             elif isinstance(outcome, BaseException):
