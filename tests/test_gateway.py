@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from actorjet import signing
+from actorjet.runner.llm import LLM
 
 from actorjet.serving import zoo
 from actorjet.serving.engine import TransformersEngine
@@ -240,3 +241,35 @@ def test_a_repeated_conversation_reuses_its_rendered_prompt_and_only_its_own(ser
     assert ids[1] == ids[3] == gw.tokenizer("12+31=")["input_ids"]
     gw._render([{"role": "user", "content": "12+30="}], None).append(0)     # a caller's change stays its own
     assert gw._render([{"role": "user", "content": "12+30="}], None) == ids[0]
+
+
+def runner_client(server, episode: str):
+    """What a behavior gets from ``llm.client()``: the SDK over runner/transport.py."""
+    return LLM({"tiny": server.url + "/v1"}, signing.mint_key(SECRET, episode), episode).client()
+
+
+def test_a_runners_client_answers_and_streams_over_its_lean_transport(served):
+    gw, server = served
+    c = runner_client(server, "t1")
+    messages = [{"role": "user", "content": "33+44="}]
+    plain = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+    chunks = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == plain.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens >= 1
+    for _ in range(3):     # the same kept-alive connection, after a stream was read to its end
+        again = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        assert again.choices[0].message.content == plain.choices[0].message.content
+    assert len(gw.store.calls(["t1"])["t1"]) == 5
+
+
+def test_gateway_errors_reach_a_runners_client_as_the_sdk_raises_them(served):
+    _, server = served
+    c = runner_client(server, "t2")
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=-3)
+    bad = LLM({"tiny": server.url + "/v1"}, "not-a-key").client()
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+    ok = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+    assert ok.choices[0].message.content is not None       # the connection survived the errors

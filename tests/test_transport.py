@@ -1,7 +1,7 @@
 """The lean transport under the `openai` clients behaviors get (runner/transport.py): the SDK
-must see exactly what it would see with its own transport: answers, streams, HTTP errors,
-retries, timeouts and dead servers.  The https path is covered by test_security.py (a runner
-on another host calls the https gateway through it)."""
+must see exactly what it would see with its own transport: retries, dropped connections,
+timeouts and dead servers here; answers, streams and the gateway's errors in test_gateway.py;
+https in test_security.py (a runner on another host calls the https gateway through it)."""
 from __future__ import annotations
 
 import json
@@ -14,10 +14,6 @@ import pytest
 
 from actorjet import signing
 from actorjet.runner.llm import LLM
-from actorjet.serving import zoo
-from actorjet.serving.engine import TransformersEngine
-from actorjet.serving.gateway import GatewayApp, local_backend
-from actorjet.serving.serve import AppServer
 
 SECRET = "transport-test-secret"
 ANSWER = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
@@ -25,45 +21,8 @@ ANSWER = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 
-@pytest.fixture(scope="module")
-def gateway():
-    engine = TransformersEngine(zoo.tiny_arith(0))
-    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len)
-    server = AppServer(gw.app())
-    yield gw, server
-    server.stop()
-    engine.close()
-
-
 def llm(url: str, episode: str) -> LLM:
     return LLM({"tiny": url}, signing.mint_key(SECRET, episode), episode)
-
-
-def test_answers_and_streams_through_the_gateway(gateway):
-    gw, server = gateway
-    c = llm(server.url + "/v1", "t1").client()
-    messages = [{"role": "user", "content": "33+44="}]
-    plain = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
-    chunks = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
-    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == plain.choices[0].message.content
-    assert chunks[-1].usage.completion_tokens >= 1
-    for _ in range(3):     # the same kept-alive connection, after a stream was read to its end
-        again = c.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
-        assert again.choices[0].message.content == plain.choices[0].message.content
-    assert len(gw.store.calls(["t1"])["t1"]) == 5
-
-
-def test_gateway_errors_reach_the_agent_as_the_sdk_raises_them(gateway):
-    _, server = gateway
-    c = llm(server.url + "/v1", "t2").client()
-    with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=-3)
-    bad = LLM({"tiny": server.url + "/v1"}, "not-a-key").client()
-    with pytest.raises(openai.AuthenticationError):
-        bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
-    ok = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
-    assert ok.choices[0].message.content is not None       # the connection survived the errors
 
 
 class Scripted(BaseHTTPRequestHandler):

@@ -11,6 +11,8 @@ argument the SDK offers for that.  One connection per (thread, host): a behavior
 thread, and ``http.client`` connections are not shared between threads.  A connection the
 server closed while idle is retried once on a fresh one (the request has not been read);
 errors become httpx's own exception types, so the SDK's retries and messages are unchanged.
+Proxy settings from the environment are not used: a runner talks to its swarm's gateways
+directly.
 """
 from __future__ import annotations
 
