@@ -411,26 +411,3 @@ class TaskReply:
     error: str = ""
     tasks: dict = field(default_factory=dict)
 
-
-# --- how a message prints -----------------------------------------------------------------
-
-def _short(value: Any) -> str:
-    if value is None or isinstance(value, (bool, int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return repr(value if len(value) <= 40 else value[:40] + "…")
-    size = len(value) if hasattr(value, "__len__") else "?"
-    return f"<{type(value).__name__} of {size}>"
-
-
-def _brief(self) -> str:
-    """Thespian formats every message it sends and receives with str() for a debug line,
-    even with debug logging off; the dataclass repr walks whole payloads (a lease's episodes,
-    a behavior's pickled bytes), which was ~10% of a runner's and the registry's CPU.  This
-    one looks at the top-level fields only."""
-    fields = ", ".join(f"{name}={_short(getattr(self, name, None))}" for name in self.__dataclass_fields__)
-    return f"{type(self).__name__}({fields})"
-
-
-for _cls in [c for c in list(globals().values()) if isinstance(c, type) and hasattr(c, "__dataclass_fields__")]:
-    _cls.__str__ = _brief
