@@ -74,7 +74,7 @@ class BatchingEngine:
                         busy_window_s: float = 0.02) -> None:
         self.max_batch, self.window_s, self.max_wait_s = max_batch, window_s, max_wait_s
         self.busy_window_s = max(window_s, busy_window_s)
-        self._last_size = 0
+        self._last_requests = 0
         self.versions: dict[str, int] = {"": 0}
         self._pending_weights: dict[str, tuple[int, str]] = {}
         self._queue: queue.Queue = queue.Queue()
@@ -150,7 +150,7 @@ class BatchingEngine:
             # in one batch instead of a small first batch and a long queue behind it.
             cap = time.monotonic() + self.max_wait_s
             size = sum(r.n for r, _ in batch)
-            window = self.busy_window_s if self._last_size > 1 else self.window_s
+            window = self.busy_window_s if self._last_requests > 1 else self.window_s
             while size < self.max_batch:
                 timeout = min(window, cap - time.monotonic())
                 try:
@@ -160,7 +160,7 @@ class BatchingEngine:
                 if item is not None and not self._test_hook(item):
                     batch.append(item)
                     size += item[0].n
-            self._last_size = size
+            self._last_requests = len(batch)     # requests, not sequences: a lone caller's n=8 is not load
             with self._lock:
                 self._apply_weights()
                 if not batch:
