@@ -20,8 +20,6 @@ import random
 import time
 
 from agents import arithmetic as plain
-from agents.arithmetic import behavior as arithmetic
-
 
 
 _LEAKED: list = []
@@ -43,7 +41,7 @@ def behavior(task: dict, llm) -> float:
         os._exit(17)
     if _rate("AJ_FLAKY_LEAK_MB", 0.0):
         _LEAKED.append(b"\x01" * int(_rate("AJ_FLAKY_LEAK_MB", 0.0) * 2**20))   # touched: resident
-    return arithmetic(task, llm)
+    return plain.behavior(task, llm)
 
 
 tasks = plain.tasks       # as a task source: the arithmetic problems

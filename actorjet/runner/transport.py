@@ -26,6 +26,8 @@ import openai
 
 from actorjet.runtime import endpoints
 
+# The httpx the installed SDK is built on (newer releases vendor it as ``httpx2``): the
+# transport must subclass that one's BaseTransport and return that one's Response.
 httpx = openai._base_client.httpx2 if hasattr(openai._base_client, "httpx2") else openai._base_client.httpx
 
 CHUNK = 64 * 1024
@@ -40,7 +42,7 @@ class _Body(httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         while True:
             try:
-                chunk = self.response.read1(CHUNK) if self.response.chunked else self.response.read(CHUNK)
+                chunk = self.response.read1(CHUNK)       # chunked or Content-Length alike
             except socket.timeout as e:
                 raise httpx.ReadTimeout(str(e) or "timed out") from None
             except (OSError, http.client.HTTPException) as e:
