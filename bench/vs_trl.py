@@ -9,6 +9,9 @@ chat-templated prompts from agents/arithmetic.py, 32 groups × 8 samples per ste
 without weight decay, grad-norm clip 1.0, constant lr.  ActorJet runs the quickstart's job
 (2 runners, the agent talks through the ``openai`` SDK; asynchronous, samples at most one
 weight version old); TRL runs GRPOTrainer on the CPU (on-policy: generate, then train).
+Both train in float32: TRL's GRPOConfig defaults to ``bf16=True`` (autocast), which is other
+numerics than ActorJet's float32 learner, and on a CPU without bf16 instructions (this AMD
+EPYC: AVX2 only) made TRL's step 4.2 s instead of 0.49 s, so it is set off here.
 
 Neither evaluates while it trains: both keep a snapshot of the weights every 2 steps, and
 after the run every snapshot is scored with ActorJet's own evaluator (greedy, the 512
@@ -19,7 +22,9 @@ which stays on its clock), with its checkpoint writes left on the clock (they ar
 ActorJet's snapshots cost it).  Runs alternate framework order per seed (interleaved
 rounds), each in its own process.  Prints time to 50/55/60% held-out accuracy, final
 accuracy, accuracy at equal wall time, s/step (overall, after step 10, and the time to step
-10) and where ActorJet's step time goes, with medians and 95% t intervals over seeds; writes
+10), the steps each needed to 55%, CPU-seconds per step after step 10 (TRL: its process,
+all threads; ActorJet: every process of the run, by actor), and where ActorJet's step time
+goes, with medians and 95% t intervals over seeds; writes
 bench/results/vs_trl.json (other --only/--runners/--concurrency/--steps: a file named after
 them).
 """
@@ -71,7 +76,7 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     def reward(completions, answer, **_):
         return [arithmetic.score({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer)]
 
-    snapshots, clock = [], {"t0": None, "copy_s": 0.0}
+    snapshots, clock = [], {"t0": None, "copy_s": 0.0, "cpu0": None, "copy_cpu_s": 0.0}
 
     def snapshot(step: int, now: float) -> None:
         snapshots.append((step, now, {k: v.detach().clone() for k, v in model.state_dict().items()}))
@@ -79,18 +84,19 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     class Snapshot(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
             snapshot(0, 0.0)
-            clock["t0"] = time.perf_counter()
+            clock["t0"], clock["cpu0"] = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
             if state.global_step % SNAPSHOT_EVERY and state.global_step != steps:
                 return
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             snapshot(state.global_step, start - clock["t0"] - clock["copy_s"])
             clock["copy_s"] += time.perf_counter() - start
+            clock["copy_cpu_s"] += time.process_time() - cpu
 
     cfg = GRPOConfig(output_dir=str(out.parent / "trl-out"), per_device_train_batch_size=GROUPS * GROUP_SIZE,
                      num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, learning_rate=LR, beta=0.0,
-                     epsilon=0.2, loss_type="dapo", temperature=1.0, use_cpu=True, max_steps=steps,
+                     epsilon=0.2, loss_type="dapo", temperature=1.0, use_cpu=True, bf16=False, max_steps=steps,
                      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                      logging_steps=10_000, report_to="none", save_strategy="no", seed=seed, shuffle_dataset=False,
                      gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True)
@@ -99,12 +105,13 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     wall0 = time.perf_counter()
     trainer.train()
     train_clock = time.perf_counter() - clock["t0"] - clock["copy_s"]
+    cpu = {"trl": (time.process_time() - clock["cpu0"] - clock["copy_cpu_s"]) / steps}   # all its threads
     curve = []
     for step, at, weights in snapshots:
         model.load_state_dict(weights)
         curve.append({"step": step, "clock_s": at, "accuracy": greedy_accuracy(model, tok, spec)})
     out.write_text(json.dumps({"framework": "trl", "seed": seed, "curve": curve, "train_clock_s": train_clock,
-                               "wall_s": time.perf_counter() - wall0}))
+                               "wall_s": time.perf_counter() - wall0, "cpu_s_per_step": cpu}))
 
 
 # -- ActorJet ------------------------------------------------------------------------------------
@@ -137,10 +144,15 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
     wall0 = time.perf_counter()
     head.start()
     try:
+        cpu_from = None
         while True:
             time.sleep(0.5)
             rows = metrics.read(run)
-            if any(r.get("kind") == "train" and r["step"] >= steps for r in rows):
+            trained = max((r["step"] for r in rows if r.get("kind") == "train"), default=0)
+            if cpu_from is None and trained >= CPU_FROM_STEP:
+                roles = process_roles(head, str(out))
+                cpu_from = (trained, cpu_times(roles))
+            if trained >= steps:
                 break
             if time.perf_counter() - wall0 > 1800:
                 raise RuntimeError("ActorJet did not finish in 30 min")
@@ -148,6 +160,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
 
         first_stored = sqlite3.connect(path_for(run, "policy")).execute("SELECT MIN(stored_at) FROM episodes")
         first_stored = first_stored.fetchone()[0]
+        cpu_to = cpu_times(roles)
     finally:
         head.stop()
     evals = [r for r in rows if r.get("kind") == "eval"]
@@ -164,9 +177,50 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
                       "accuracy": greedy_accuracy(model, tok, score)})
     parts = {k: statistics.fmean(r[k] for r in trains.values()) for k in ("batch_wait_s", "train_s", "publish_s",
                                                                           "step_time_s")}
+    # CPU per step by role, from the poll that saw step CPU_FROM_STEP to the one that saw the last
+    # (a poll may see a step or two late: the window is the steps between the two polls' sightings)
+    n = max(1, trained - cpu_from[0])
+    cpu = {}
+    for pid, seconds in cpu_to.items():
+        role = roles[pid]
+        cpu[role] = cpu.get(role, 0.0) + (seconds - cpu_from[1].get(pid, 0.0)) / n
     out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve,
                                "train_clock_s": trains[steps]["time"] - t0, "wall_s": time.perf_counter() - wall0,
-                               "head_start_s": evals[0]["time"] - t0, "parts": parts}))
+                               "head_start_s": evals[0]["time"] - t0, "parts": parts,
+                               "cpu_s_per_step": cpu}))
+
+
+CPU_FROM_STEP = 10      # CPU is counted from here to the end: startup (model loading, spawning) left out
+
+
+def process_roles(head, marker: str) -> dict[int, str]:
+    """pid → role for every process of this ActorJet run: its actors by their tree path, and
+    the rest (this process, thespian's admin and logger: forks, they share this process's
+    command line, which names this run's own temporary directory) as "head & admin"."""
+    import psutil
+
+    by_path = {a["pid"]: a["path"].rsplit("/", 1)[-1] for a in head.status()["actors"]}
+    roles = {}
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if marker not in " ".join(proc.info["cmdline"] or []):
+            continue
+        name = by_path.get(proc.info["pid"], "")
+        roles[proc.info["pid"]] = ("runners" if name.startswith("runner-") else
+                                   name if name in ("engine", "gateway", "learner", "registry") else "head & admin")
+    return roles
+
+
+def cpu_times(roles: dict[int, str]) -> dict[int, float]:
+    import psutil
+
+    out = {}
+    for pid in roles:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[pid] = t.user + t.system
+        except psutil.Error:        # a process that ended (a restarted runner): what it used is lost
+            pass
+    return out
 
 
 # -- comparison ----------------------------------------------------------------------------------
@@ -180,12 +234,16 @@ def time_to(curve: list[dict], threshold: float) -> float | None:
     return next((p["clock_s"] for p in curve if p["accuracy"] >= threshold), None)
 
 
+def steps_to(curve: list[dict], threshold: float) -> int | None:
+    return next((p["step"] for p in curve if p["accuracy"] >= threshold), None)
+
+
 def accuracy_at(curve: list[dict], clock_s: float) -> float:
     """Held-out accuracy of the last evaluation at or before ``clock_s``."""
     return [p["accuracy"] for p in curve if p["clock_s"] <= clock_s + 1e-9][-1]
 
 
-def ci(values: list[float]) -> str:
+def ci(values: list[float], digits: int = 1) -> str:
     from actorjet.research.stats import mean_ci
 
     values = [v for v in values if v is not None]
@@ -193,9 +251,9 @@ def ci(values: list[float]) -> str:
         return "never"
     mid = statistics.median(values)
     if len(values) < 2:
-        return f"{mid:.1f}"
+        return f"{mid:.{digits}f}"
     _, low, high = mean_ci(values)
-    return f"{mid:.1f} [{low:.1f}, {high:.1f}]"
+    return f"{mid:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def main() -> int:
@@ -253,6 +311,10 @@ def summarize(runs: list[dict], steps: int) -> dict:
         s["s_per_step"] = [r["train_clock_s"] / steps for r in rs]
         s["steady_s_per_step"] = [r["steady_s_per_step"] for r in rs]
         s["first_10_steps_s"] = [next(p["clock_s"] for p in r["curve"] if p["step"] >= 10) for r in rs]
+        s["steps_to_55"] = [steps_to(r["curve"], 0.55) for r in rs]
+        s["cpu_s_per_step"] = [sum(r["cpu_s_per_step"].values()) for r in rs]
+        s["cpu_by_role"] = {role: [r["cpu_s_per_step"].get(role, 0.0) for r in rs]
+                            for role in sorted({k for r in rs for k in r["cpu_s_per_step"]})}
         summary[fw] = s
         rows.append((fw, *(ci(s[f"time_to_{int(x * 100)}"]) for x in THRESHOLDS),
                      ci([100 * a for a in s["final_accuracy"]]), ci([100 * a for a in s["accuracy_at_equal_time"]]),
@@ -267,6 +329,19 @@ def summarize(runs: list[dict], steps: int) -> dict:
         summary["time_to_55_ratio"] = ratio
         print(f"ActorJet time to 55% / TRL's, per seed: {', '.join(f'{r:.2f}' for r in ratio)} "
               f"(median {statistics.median(ratio):.2f}; target ≤ 0.8)" if ratio else "55% not reached by both")
+    cpu_rows = []
+    for fw, s in summary.items():
+        if not isinstance(s, dict):
+            continue
+        steady_s = statistics.median(s["steady_s_per_step"])
+        for role, values in s["cpu_by_role"].items():
+            if fw == "actorjet":
+                cpu_rows.append((fw, role, ci(values, 3), ""))
+        total = statistics.median(s["cpu_s_per_step"])
+        cpu_rows.append((fw, "all", ci(s["cpu_s_per_step"], 3), f"{total / steady_s:.2f}"))
+        cpu_rows.append((fw, "steps to 55%", ci(s["steps_to_55"]), ""))
+    print("CPU-s per step after step 10 (median [95% CI] over seeds); cores busy = CPU-s ÷ s/step:")
+    table(cpu_rows, ("framework", "where", "CPU-s/step", "cores busy"))
     if "actorjet" in by:
         parts = {k: statistics.fmean(r["parts"][k] for r in by["actorjet"]) for k in by["actorjet"][0]["parts"]}
         summary["actorjet_step_parts"] = parts
