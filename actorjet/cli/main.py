@@ -12,7 +12,7 @@ from actorjet.errors import UserError
 
 EPILOG = """\
 typical use:
-  actorjet quickstart                          train the tiny arithmetic model locally (~3 min on 2 cores)
+  actorjet quickstart                          train the tiny arithmetic model locally (~2–4 min on 2 cores)
   actorjet start --config agents/job.toml      head node; prints the join command
   actorjet join HEAD:1900 --token T --slots 4  add a node that runs agent code
   actorjet status                              nodes, runners, models, behaviors, episodes

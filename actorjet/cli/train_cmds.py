@@ -20,7 +20,7 @@ QUICKSTART_JOB = {
 
 
 def add_quickstart(sub) -> None:
-    p = sub.add_parser("quickstart", help="train the tiny arithmetic model on this machine (~3 min on 2 cores)",
+    p = sub.add_parser("quickstart", help="train the tiny arithmetic model on this machine (~2–4 min on 2 cores)",
                        description="Start an embedded head and local runner processes, train tiny-arith "
                        "(a 1M-parameter Llama warmed up on 2-digit addition) with GRPO through the "
                        "OpenAI-compatible gateway, and print held-out accuracy before and after.")
