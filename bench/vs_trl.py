@@ -264,6 +264,10 @@ def main() -> int:
     ap.add_argument("--runners", type=int, default=2, help="ActorJet runner processes (the quickstart's 2)")
     ap.add_argument("--concurrency", type=int, default=64, help="ActorJet episodes in flight per runner (64)")
     args = ap.parse_args()
+    if args.seeds < 1 or args.runners < 1 or args.concurrency < 1:
+        ap.error("--seeds, --runners and --concurrency must be >= 1")
+    if args.steps < CPU_FROM_STEP + 2:
+        ap.error(f"--steps must be >= {CPU_FROM_STEP + 2}: s/step and CPU are counted after step {CPU_FROM_STEP}")
     import importlib.util
 
     if importlib.util.find_spec("trl") is None:
@@ -319,27 +323,23 @@ def summarize(runs: list[dict], steps: int) -> dict:
         rows.append((fw, *(ci(s[f"time_to_{int(x * 100)}"]) for x in THRESHOLDS),
                      ci([100 * a for a in s["final_accuracy"]]), ci([100 * a for a in s["accuracy_at_equal_time"]]),
                      f"{statistics.median(s['s_per_step']):.3f}", f"{statistics.median(s['steady_s_per_step']):.3f}",
-                     f"{statistics.median(s['first_10_steps_s']):.1f}"))
+                     f"{statistics.median(s['first_10_steps_s']):.1f}", ci(s["steps_to_55"])))
     summary["equal_time_s"] = equal
     table(rows, ("framework", "s to 50%", "s to 55%", "s to 60%", f"final % ({steps} steps)",
-                 f"% at {equal:.0f} s", "s/step", "s/step after 10", "s to step 10"))
+                 f"% at {equal:.0f} s", "s/step", "s/step after 10", "s to step 10", "steps to 55%"))
     if "actorjet" in by and "trl" in by:
         ratio = [a / b for a, b in zip(summary["actorjet"]["time_to_55"], summary["trl"]["time_to_55"])
                  if a is not None and b is not None]
         summary["time_to_55_ratio"] = ratio
         print(f"ActorJet time to 55% / TRL's, per seed: {', '.join(f'{r:.2f}' for r in ratio)} "
               f"(median {statistics.median(ratio):.2f}; target ≤ 0.8)" if ratio else "55% not reached by both")
-    cpu_rows = []
-    for fw, s in summary.items():
-        if not isinstance(s, dict):
-            continue
-        steady_s = statistics.median(s["steady_s_per_step"])
-        for role, values in s["cpu_by_role"].items():
-            if fw == "actorjet":
-                cpu_rows.append((fw, role, ci(values, 3), ""))
+    cpu_rows = [("actorjet", role, ci(values, 3), "")
+                for role, values in summary.get("actorjet", {}).get("cpu_by_role", {}).items()]
+    for fw in by:
+        s = summary[fw]
         total = statistics.median(s["cpu_s_per_step"])
-        cpu_rows.append((fw, "all", ci(s["cpu_s_per_step"], 3), f"{total / steady_s:.2f}"))
-        cpu_rows.append((fw, "steps to 55%", ci(s["steps_to_55"]), ""))
+        cpu_rows.append((fw, "all", ci(s["cpu_s_per_step"], 3),
+                         f"{total / statistics.median(s['steady_s_per_step']):.2f}"))
     print("CPU-s per step after step 10 (median [95% CI] over seeds); cores busy = CPU-s ÷ s/step:")
     table(cpu_rows, ("framework", "where", "CPU-s/step", "cores busy"))
     if "actorjet" in by:
