@@ -24,16 +24,8 @@ A timeline is the calls of one (model, role, episode), in call order.
 """
 from __future__ import annotations
 
-from actorjet.rl.pack import full_ids, prefix_hashes
-
-
-def timelines(calls: list[tuple[dict, float]]) -> list[list[dict]]:
-    by_key: dict[tuple, list[dict]] = {}
-    for call, _ in calls:
-        by_key.setdefault((call["model"], call["role"], call.get("episode_id", "")), []).append(call)
-    for timeline in by_key.values():
-        timeline.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
-    return list(by_key.values())
+from actorjet.rl.calls import by_episode, full_ids, materialize, timelines
+from actorjet.rl.pack import needs_prompts, prefix_hashes
 
 
 def _text_hash(text: str) -> int:
@@ -61,7 +53,7 @@ def align_text(calls: list[tuple[dict, float]], decode) -> int:
     ``decode`` must keep special tokens (the chat template's markers are text too).
     Modifies ``prompt_ids`` in place; returns the number of prompts changed."""
     aligned = 0
-    for timeline in timelines(calls):
+    for timeline in needs_prompts([c for c, _ in calls], every=True):
         seen: dict[tuple[int, int], tuple[dict, str]] = {}     # (len, hash) of a call's full text
         for b in timeline:
             prompt_text = decode(b["prompt_ids"])
@@ -88,11 +80,16 @@ def unify_tools(calls: list[tuple[dict, float]], render) -> int:
     ``render(messages, tools) -> prompt ids`` must be the gateway's own rendering.
     Returns the number of prompts re-rendered."""
     changed = 0
-    for timeline in timelines(calls):
-        tools = timeline[-1].get("tools")
-        for call in timeline[:-1]:
-            if call.get("tools") != tools:
-                call["prompt_ids"] = list(render(call["messages"], tools))
-                call["tools"] = tools
-                changed += 1
+    for episode in by_episode([c for c, _ in calls]).values():
+        lines = timelines(episode)
+        if all(c.get("tools") == t[-1].get("tools") for t in lines for c in t):
+            continue                      # one tool list per timeline: nothing to re-render
+        materialize(episode)
+        for timeline in lines:
+            tools = timeline[-1].get("tools")
+            for call in timeline[:-1]:
+                if call.get("tools") != tools:
+                    call["prompt_ids"] = list(render(call["messages"], tools))
+                    call["tools"] = tools
+                    changed += 1
     return changed

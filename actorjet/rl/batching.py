@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from actorjet.rl import pack
+from actorjet.rl.calls import full_len
 from actorjet.rl.rewards import bad_reward
 from actorjet.rl.samples import group_advantages, reward_for
 
@@ -49,9 +50,15 @@ def merge_mode(model_cfg: dict) -> str:
 
 def check_call(call: dict) -> None:
     """A recorded call the learner can train on: token ids, one finite logprob per sampled token."""
+    if "broken" in call:
+        raise ValueError(call["broken"])
     ids, lps = call.get("completion_ids"), call.get("logprobs")
-    if not isinstance(call.get("prompt_ids"), list) or not isinstance(ids, list) or not isinstance(lps, list):
+    prompt = call.get("prompt_ids", call.get("new_ids"))
+    if not isinstance(prompt, list) or not isinstance(ids, list) or not isinstance(lps, list):
         raise ValueError("a call without prompt_ids / completion_ids / logprobs lists")
+    ref = call.get("ref")
+    if "prompt_ids" not in call and ref is not None and not 0 <= call.get("prefix_len", -1) <= full_len(ref):
+        raise ValueError(f"a call that starts with {call.get('prefix_len')} tokens of a call of {full_len(ref)}")
     if len(ids) != len(lps):
         raise ValueError(f"a call with {len(ids)} completion ids but {len(lps)} logprobs")
     if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in lps):

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from actorjet.rl.calls import by_episode, full_ids, full_len, is_chain, materialize, prompt_len, timelines
+from actorjet.rl.trie import Trie
+
 MODES = ("none", "prefix", "tree")
 SHARE_MIN = 0.1     # tree packing keeps a subtree together when that saves >= 10% of its tokens
 
@@ -55,44 +58,64 @@ def _linear(ids: list[int], terms: list[tuple]) -> Packed:
     return Packed(list(ids), list(range(len(ids))), list(range(-1, len(ids) - 1)), terms, True)
 
 
-def full_ids(call: dict) -> list[int]:
-    return list(call["prompt_ids"]) + list(call["completion_ids"])
-
-
 def pack_none(calls: list[tuple[dict, float]]) -> list[Packed]:
-    return [_linear(full_ids(c), _terms(c, len(c["prompt_ids"]), adv)) for c, adv in calls]
+    return [_linear(full_ids(c), _terms(c, prompt_len(c), adv)) for c, adv in calls]
 
 
 def pack_prefix(calls: list[tuple[dict, float]]) -> list[Packed]:
-    """Timeline merging with prefix hashing: O(total tokens), not pairwise comparisons.
+    """Timeline merging: O(new tokens), from the store's references.
 
-    Calls are taken in their recorded order, per (model, role).  Each still-open call is
-    indexed by (length, hash) of its whole sequence; a later call's prompt is hashed at
-    every prefix length, and a hit (confirmed token by token) absorbs the open call."""
+    Calls are taken in their recorded order, per (model, role).  A still-open call (a chain
+    tip) is absorbed by the first later call whose prompt starts with its whole sequence: in
+    the trie of the model's calls, by a later call whose prompt ends at or below the tip.  A
+    call's prompt is found in the trie through its reference (rl/trie.py); the open tips above
+    it are found by walking up from its prompt's end only as far as the first node an earlier
+    walk of the same (model, role) passed (above it, every tip was absorbed then), plus any tip
+    added since at a node already passed (an answer identical to an earlier one), tested with
+    the trie's depth-first numbering.  Of two open calls with the same sequence only the later
+    can be absorbed."""
     groups: dict[tuple, list] = {}
     for call, adv in calls:
         groups.setdefault((call["model"], call["role"]), []).append((call, adv))
-    out: list[Packed] = []
-    for group in groups.values():
+    tries: dict[str, Trie] = {}
+    for (model, _), group in groups.items():
         group.sort(key=lambda ca: (ca[0].get("episode_id", ""), ca[0].get("call_index", 0), ca[0].get("choice", 0)))
-        chains: list[dict] = []                    # each: {"ids": full ids of the tip, "terms": [...]}
-        open_by_key: dict[tuple, int] = {}         # (len, hash) of a chain tip → chain index
+        trie = tries.setdefault(model, Trie())
+        for call, _ in group:
+            trie.add(call, [])
+    order = {model: trie.euler() for model, trie in tries.items()}
+    out: list[Packed] = []
+    for (model, _), group in groups.items():
+        trie, (tin, tout) = tries[model], order[model]
+        chains: list[dict] = []                    # each: {"tip": node, "terms": [...], "closed": bool}
+        open_at: dict[int, int] = {}               # node → the open chain whose tip it is (the latest)
+        walked: set[int] = set()                   # nodes some walk passed: no open tip above them then
+        late: set[int] = set()                     # open tips added at walked nodes
         for call, adv in group:
-            prompt, ids = list(call["prompt_ids"]), full_ids(call)
-            absorbed: list[int] = []
-            for pos, h in prefix_hashes(prompt):
-                idx = open_by_key.get((pos, h))
-                if idx is not None and chains[idx]["ids"] == prompt[:pos]:
-                    absorbed.append(idx)
-            terms = _terms(call, len(prompt), adv)
+            absorbed, node = [], trie.prompt_end(call)
+            passed = []
+            while node > 0:
+                if node in open_at:
+                    absorbed.append(open_at[node])
+                if node in walked:
+                    absorbed += [open_at[t] for t in late if t != node and t in open_at
+                                 and tin[t] <= tin[node] <= tout[t]]
+                    break
+                passed.append(node)
+                node = trie.parent[node]
+            walked.update(passed)
+            terms = _terms(call, prompt_len(call), adv)
             for idx in absorbed:                   # keep their trainable spans, in this sequence
                 terms = chains[idx]["terms"] + terms
-                open_by_key.pop(chains[idx]["key"], None)
+                open_at.pop(chains[idx]["tip"], None)
+                late.discard(chains[idx]["tip"])
                 chains[idx]["closed"] = True
-            key = (len(ids), _hash(ids))
-            chains.append({"ids": ids, "terms": terms, "key": key, "closed": False})
-            open_by_key[key] = len(chains) - 1
-        out += [_linear(c["ids"], sorted(c["terms"])) for c in chains if not c["closed"]]
+            tip = trie.tips[id(call)]
+            chains.append({"tip": tip, "terms": terms, "closed": False})
+            open_at[tip] = len(chains) - 1
+            if tip in walked:
+                late.add(tip)
+        out += [_linear(trie.path(c["tip"]), sorted(c["terms"])) for c in chains if not c["closed"]]
     return out
 
 
@@ -118,45 +141,22 @@ def pack_tree(calls: list[tuple[dict, float]], max_tokens: int | None = None) ->
     samples: packing them together would only add attention between tokens that must not
     see each other, which costs O(n²) for nothing.  A subtree larger than ``max_tokens`` is
     split at its branches, each part repeating the shared path above it."""
-    trie = _Trie()
+    trie = _PackTrie()
     for call, adv in calls:
-        trie.add(full_ids(call), len(call["prompt_ids"]), _terms(call, 0, adv))
+        trie.add(call, [t[1:] for t in _terms(call, 0, adv)])
     return trie.layouts(max_tokens or 1 << 62)
 
 
 def lower_bound(calls: list[tuple[dict, float]]) -> int:
     """Tokens in the trie of all calls: no packing can train on fewer."""
-    trie = _Trie()
-    for call, adv in calls:
-        trie.add(full_ids(call), len(call["prompt_ids"]), [])
+    trie = Trie()
+    for call, _ in calls:
+        trie.add(call, [])
     return trie.size
 
 
-class _Trie:
-    def __init__(self):
-        self.children: list[dict[int, int]] = [{}]    # node 0 is a virtual root
-        self.token: list[int] = [-1]
-        self.parent: list[int] = [-1]
-        self.terms: list[list[tuple]] = [[]]
-        self.size = 0
-
-    def add(self, ids: list[int], prompt_len: int, terms: list[tuple]) -> None:
-        node = 0
-        path = []
-        for tok in ids:
-            nxt = self.children[node].get(tok)
-            if nxt is None:
-                nxt = len(self.token)
-                self.children[node][tok] = nxt
-                self.children.append({})
-                self.token.append(tok)
-                self.parent.append(node)
-                self.terms.append([])
-                self.size += 1
-            node = nxt
-            path.append(node)
-        for (k, adv, lp, temp, version) in terms:     # k counts completion tokens from 0
-            self.terms[path[prompt_len + k]].append((adv, lp, temp, version))
+class _PackTrie(Trie):
+    """The trie laid out as packed samples."""
 
     def layouts(self, max_tokens: int) -> list[Packed]:
         """Choose the subtrees that become samples.  A node that is split passes its own
@@ -238,14 +238,9 @@ def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
     next tokens of B decode to exactly A's text, those tokens are replaced by A's sampled
     ids.  Then prefix merging absorbs A into B and trains exactly what was sampled.
     ``decode(ids)`` must drop special tokens.  Returns the number of repairs; modifies the
-    calls' ``prompt_ids`` in place."""
+    calls' ``prompt_ids`` in place (materializing the episodes it reads: ``needs_prompts``)."""
     repairs = 0
-    by_timeline: dict[tuple, list] = {}
-    for call, _ in calls:
-        key = (call["model"], call["role"], call.get("episode_id", ""))
-        by_timeline.setdefault(key, []).append(call)
-    for timeline in by_timeline.values():
-        timeline.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
+    for timeline in needs_prompts([c for c, _ in calls]):
         prompts: dict[tuple, dict] = {}          # (len, hash) of an earlier prompt → its call
         for b in timeline:
             prompt, hits = b["prompt_ids"], []
@@ -268,6 +263,20 @@ def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
     return repairs
 
 
+def needs_prompts(calls: list[dict], every: bool = False) -> list[list[dict]]:
+    """The timelines a repair must read prompt by prompt, their episodes' calls materialized
+    (rl/calls.py).  A timeline whose calls each extend the one before (``is_chain``) holds
+    every answer as sampled and is skipped unread, unless ``every``: that is the long
+    episode's common case, and what keeps the learner's batch O(new tokens)."""
+    out = []
+    for episode in by_episode(calls).values():
+        lines = timelines(episode)
+        if every or not all(is_chain(t) for t in lines):
+            materialize(episode)
+            out += lines
+    return out
+
+
 def pack(calls: list[tuple[dict, float]], mode: str, max_tokens: int | None = None) -> list[Packed]:
     if mode == "none":
         return pack_none(calls)
@@ -279,7 +288,7 @@ def pack(calls: list[tuple[dict, float]], mode: str, max_tokens: int | None = No
 
 
 def stats(calls: list[tuple[dict, float]], packed: list[Packed]) -> dict:
-    before = sum(len(full_ids(c)) for c, _ in calls)
+    before = sum(full_len(c) for c, _ in calls)
     after = sum(len(p.input_ids) for p in packed)
     return {"calls": len(calls), "sequences_before": len(calls), "sequences_after": len(packed),
             "tokens_before": before, "tokens_after": after, "token_ratio": before / max(1, after)}

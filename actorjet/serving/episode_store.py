@@ -28,19 +28,37 @@ import threading
 import time
 from pathlib import Path
 
+from actorjet.rl.calls import messages, prompt_ids
+from actorjet.runtime.logs import log
+from actorjet.serving import records as records_mod
+
+COLUMNS = records_mod.ROW_COLUMNS
+
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (
+CREATE TABLE IF NOT EXISTS calls (              -- serving/records.py: O(new tokens) per call
     episode_id  TEXT NOT NULL,
     call_index  INTEGER NOT NULL,
     choice      INTEGER NOT NULL,
-    record      TEXT NOT NULL,                -- the CallRecord as JSON
+    role        TEXT NOT NULL,
+    ref_index   INTEGER,                      -- the call of this episode whose tokens it starts with
+    ref_choice  INTEGER,
+    prefix_len  INTEGER NOT NULL,             -- how many of that call's prompt + completion tokens
+    new_ids     BLOB NOT NULL,                -- int32: the prompt's tokens after them
+    completion_ids BLOB NOT NULL,             -- int32
+    logprobs    BLOB NOT NULL,                -- float32, one per completion token
+    weight_version INTEGER NOT NULL,
+    temperature REAL NOT NULL,
+    msg_prefix  INTEGER NOT NULL,             -- how many of that call's messages it starts with
+    new_messages TEXT NOT NULL,               -- JSON: the rest
+    tools       TEXT,                         -- JSON (NULL: the same as the referenced call's)
+    meta        TEXT NOT NULL,                -- JSON: model, params, finish_reason, created
     PRIMARY KEY (episode_id, call_index, choice)
 );
 CREATE TABLE IF NOT EXISTS episodes (
     episode_id  TEXT PRIMARY KEY,
     group_id    TEXT NOT NULL,
     member      TEXT NOT NULL,                -- its place in the group (a retry takes the same place)
-    reward      TEXT,                         -- JSON; NULL: a client episode opened, not ended
+    reward      TEXT,                         -- JSON (NULL: a client episode opened, not ended)
     stored_at   REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS episodes_by_group ON episodes (group_id);
@@ -57,7 +75,11 @@ CREATE TABLE IF NOT EXISTS groups (
 );
 CREATE INDEX IF NOT EXISTS trainable ON groups (complete_at, taken, quarantine);
 CREATE TABLE IF NOT EXISTS closed (episode_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS retired (          -- what retention deleted, still counted
+    id INTEGER PRIMARY KEY CHECK (id = 1), groups INTEGER NOT NULL, episodes INTEGER NOT NULL
+);
 """
+FORMAT = 2          # PRAGMA user_version; 0/1: calls as JSON records (migrated on open)
 PENDING = "complete_at IS NOT NULL AND taken IS NULL AND quarantine IS NULL"
 MAX_CLOSED_IN_MEMORY = 200_000
 
@@ -71,15 +93,53 @@ class EpisodeStore:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         # one connection, used under a lock: the gateway's loop and its writer thread share it
+        self.path = path
         self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA auto_vacuum=INCREMENTAL")      # a new file: retention gives pages back
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")     # WAL + NORMAL: durable across process crashes
-        self.db.executescript(SCHEMA)
         self.lock = threading.RLock()
+        with self.lock:
+            self._open_format()
         self.buffer: list = []                   # calls added, not yet flushed
         self.counters: dict[str, int] = {}       # open episodes → their next call index
+        self.tails = records_mod.Tails()             # open episodes → their latest calls (references)
         self.closed = {e: None for (e,) in self.db.execute(
             "SELECT episode_id FROM closed ORDER BY rowid DESC LIMIT ?", (MAX_CLOSED_IN_MEMORY,))}
+
+    def _open_format(self) -> None:
+        """Create the tables, or bring a store of an older format up to this one: calls kept
+        as JSON records (format 0/1) are re-encoded episode by episode, in one transaction."""
+        (version,) = self.db.execute("PRAGMA user_version").fetchone()
+        old = [r[1] for r in self.db.execute("PRAGMA table_info(calls)")]
+        if version > FORMAT:
+            from actorjet.errors import UserError
+            raise UserError(f"the episode store {self.path} has format {version}, newer than this ActorJet "
+                            f"reads ({FORMAT}): upgrade ActorJet, or start a new run directory")
+        if "record" in old:
+            self._migrate()
+        self.db.executescript(SCHEMA)
+        self.db.execute(f"PRAGMA user_version = {FORMAT}")
+
+    def _migrate(self) -> None:
+        t0 = time.time()
+        with _Transaction(self.db, self.lock) as db:
+            db.execute("ALTER TABLE calls RENAME TO calls_v1")
+            for statement in SCHEMA.split(";"):      # executescript would commit
+                if statement.strip():
+                    db.execute(statement)
+            tails, rows, n = records_mod.Tails(), [], 0
+            for episode_id, record in db.execute("SELECT episode_id, record FROM calls_v1 "
+                                                 "ORDER BY episode_id, call_index, choice"):
+                fields = {k: v for k, v in json.loads(record).items() if k in records_mod.CallRecord.__dataclass_fields__}
+                rows.append(records_mod.encode(records_mod.CallRecord(**fields), tails))
+                n += 1
+                if len(rows) >= 1000:
+                    db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+                    rows = []
+            db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+            db.execute("DROP TABLE calls_v1")
+        log.info("episode store %s: %d calls migrated to format %d in %.1f s", self.path, n, FORMAT, time.time() - t0)
 
     def close_db(self) -> None:
         with self.lock:
@@ -111,19 +171,37 @@ class EpisodeStore:
         with self.lock:
             records, self.buffer = self.buffer, []
             if records:
+                rows = [records_mod.encode(r, self.tails) for r in records if r.episode_id not in self.closed]
                 with self._tx() as db:
-                    db.executemany("INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?)",
-                                   [(r.episode_id, r.call_index, r.choice, json.dumps(r.to_dict()))
-                                    for r in records if r.episode_id not in self.closed])
+                    db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
             return len(records)
 
     def calls(self, episode_ids: list[str]) -> dict[str, list[dict]]:
-        """The recorded calls of these episodes, in order."""
+        """The recorded calls of these episodes, in order, each whole (prompt_ids, messages and
+        the rest of a CallRecord, plus ``prefix``: [call, choice, tokens] it was stored against).
+        For people and tests: O(T·C) for an episode of T calls; the learner reads ``take``."""
         self.flush()
+        out = {}
+        for e, calls in self._compact(episode_ids).items():
+            whole = []
+            for c in calls:
+                ref = c["ref"]
+                whole.append({
+                    "episode_id": e, "model": c["model"], "role": c["role"], "call_index": c["call_index"],
+                    "choice": c["choice"], "prompt_ids": prompt_ids(c), "completion_ids": c["completion_ids"],
+                    "logprobs": c["logprobs"], "weight_version": c["weight_version"],
+                    "temperature": c["temperature"], "messages": messages(c), "tools": c["tools"],
+                    "params": c["params"], "finish_reason": c["finish_reason"], "created": c["created"],
+                    "prefix": [ref["call_index"], ref["choice"], c["prefix_len"]] if ref else None})
+            out[e] = whole
+        return out
+
+    def _compact(self, episode_ids: list[str], db=None) -> dict[str, list[dict]]:
         with self.lock:
-            return {e: [json.loads(r) for (r,) in self.db.execute(
-                "SELECT record FROM calls WHERE episode_id = ? ORDER BY call_index, choice", (e,))]
-                for e in episode_ids}
+            db = db or self.db
+            return {e: records_mod.decode(db.execute(
+                f"SELECT {','.join(COLUMNS)} FROM calls WHERE episode_id = ? ORDER BY call_index, choice",
+                (e,)).fetchall()) for e in episode_ids}
 
     def open_episodes(self) -> int:
         """Episodes this gateway is recording calls for (in memory: a call counter each)."""
@@ -161,6 +239,7 @@ class EpisodeStore:
         with self.lock:
             for e in episodes:
                 self.counters.pop(e["episode_id"], None)
+                self.tails.forget(e["episode_id"])
         return refused
 
     @staticmethod
@@ -180,6 +259,7 @@ class EpisodeStore:
             for e in episode_ids:
                 self.closed[e] = None
                 self.counters.pop(e, None)
+                self.tails.forget(e)
             while len(self.closed) > MAX_CLOSED_IN_MEMORY:
                 self.closed.pop(next(iter(self.closed)))
             self.buffer = [r for r in self.buffer if r.episode_id not in self.closed]
@@ -246,8 +326,12 @@ class EpisodeStore:
             if member not in seen:          # one episode per member (a late twin is left out)
                 seen.add(member)
                 rewards[episode_id] = json.loads(reward)
-        calls = {e: [json.loads(r) for (r,) in db.execute(
-            "SELECT record FROM calls WHERE episode_id = ? ORDER BY call_index, choice", (e,))] for e in rewards}
+        calls = {}
+        for e in rewards:
+            try:
+                calls[e] = self._compact([e], db)[e]
+            except ValueError as err:       # a broken reference: the learner quarantines the group
+                calls[e] = [{"broken": str(err)}]
         return {"group_id": group_id, "task_name": task, "behavior": behavior, "version": version,
                 "rewards": rewards, "calls": calls}
 
@@ -271,9 +355,53 @@ class EpisodeStore:
             return [{"group_id": g, **json.loads(q)} for g, q in self.db.execute(
                 "SELECT group_id, quarantine FROM groups WHERE quarantine IS NOT NULL")]
 
+    def retain(self, step: int, archive: Path | None = None) -> dict[str, int]:
+        """Retention: the groups trained at or before ``step`` (the newest checkpoint's: a
+        restarted learner rewinds to it and never needs them) leave the store — calls, rewards
+        and group rows — and are only counted (``retired``); with ``archive``, each of their
+        episodes is first appended to that JSONL file (compact: serving/trajectories.py reads
+        it).  Freed pages go back to the file system (incremental vacuum), so the store's size
+        follows what is pending, not the length of the run."""
+        with self._tx() as db:
+            groups = db.execute("SELECT group_id, task_name, behavior, version, trained_step FROM groups "
+                                "WHERE trained_step IS NOT NULL AND trained_step <= ? AND quarantine IS NULL",
+                                (step,)).fetchall()
+            if not groups:
+                return {"groups": 0, "episodes": 0}
+            ids = [g[0] for g in groups]
+            episodes = 0
+            lines = []
+            for group_id, task, behavior, version, trained in groups:
+                members = db.execute("SELECT episode_id, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL",
+                                     (group_id,)).fetchall()
+                episodes += len({e for e, _ in members})
+                if archive is not None:
+                    for episode_id, reward in members:
+                        calls = self._compact([episode_id], db)[episode_id]
+                        lines.append(json.dumps({
+                            "episode_id": episode_id, "group_id": group_id, "task_name": task, "behavior": behavior,
+                            "version": version, "reward": json.loads(reward), "trained_step": trained,
+                            "calls": [records_mod.portable(c) for c in calls]}))
+            if lines:
+                Path(archive).parent.mkdir(parents=True, exist_ok=True)
+                with open(archive, "a") as f:         # before the delete commits: at worst written twice
+                    f.write("\n".join(lines) + "\n")
+                    f.flush()
+            marks = ",".join("?" * len(ids))
+            db.execute(f"DELETE FROM calls WHERE episode_id IN (SELECT episode_id FROM episodes "
+                       f"WHERE group_id IN ({marks}))", ids)
+            db.execute(f"DELETE FROM episodes WHERE group_id IN ({marks})", ids)
+            db.execute(f"DELETE FROM groups WHERE group_id IN ({marks})", ids)
+            db.execute("INSERT INTO retired VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                       "groups = groups + excluded.groups, episodes = episodes + excluded.episodes",
+                       (len(ids), episodes))
+        with self.lock:
+            self.db.execute("PRAGMA incremental_vacuum")
+        return {"groups": len(ids), "episodes": episodes}
+
     def counts(self) -> dict[str, int]:
         """Groups complete, trained, quarantined, pending; episodes in trained groups (what
-        `status` reports as episodes.trained)."""
+        `status` reports as episodes.trained).  Retired groups (``retain``) count as trained."""
         with self.lock:
             complete, trained, bad = self.db.execute(
                 "SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups "
@@ -281,6 +409,9 @@ class EpisodeStore:
             (episodes,) = self.db.execute(
                 "SELECT COUNT(DISTINCT group_id || '/' || member) FROM episodes WHERE reward IS NOT NULL "
                 "AND group_id IN (SELECT group_id FROM groups WHERE trained_step IS NOT NULL)").fetchone()
+            old_groups, old_episodes = self.db.execute(
+                "SELECT COALESCE(MAX(groups), 0), COALESCE(MAX(episodes), 0) FROM retired").fetchone()
+        complete, trained, episodes = complete + old_groups, trained + old_groups, episodes + old_episodes
         return {"complete": complete, "trained": trained, "quarantined": bad,
                 "pending": complete - trained - bad, "episodes_trained": episodes}
 

