@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
+from actorjet.rl.calls import prompt_ids, prompt_len
 from actorjet.rl.pack import full_ids, pack, repair_drift
 from actorjet.rl import exact_attention
 from actorjet.serving import zoo
@@ -86,7 +87,7 @@ def reference_terms(model_, calls):
         with torch.no_grad():
             logits = model_(input_ids=torch.tensor([ids + [0] * pad]),
                             attention_mask=torch.tensor([[1] * len(ids) + [0] * pad])).logits[0]
-        n = len(c["prompt_ids"])
+        n = prompt_len(c)
         for k, tok in enumerate(c["completion_ids"]):
             lp = torch.log_softmax(logits[n + k - 1] / c["temperature"], -1)[tok]
             out[(id(c), k)] = float(lp)
@@ -177,7 +178,8 @@ def test_drift_repair_splices_the_sampled_ids_back_then_prefix_merging_succeeds(
     calls = [(first, 1.0), (second, 1.0)]
     assert len(pack(calls, "prefix")) == 2                   # drift: no merge
     assert repair_drift(calls, decode) == 1
-    assert second["prompt_ids"] == [4, 5, eq, four, two, eos, plus, one, eq]
+    assert prompt_ids(second) == [4, 5, eq, four, two, eos, plus, one, eq]
+    assert second["ref"] is first and second["prefix_len"] == 6     # now it extends the first call
     merged = pack(calls, "prefix")
     assert len(merged) == 1 and len(merged[0].terms) == 4    # both calls' sampled tokens, once each
 

@@ -146,3 +146,34 @@ def test_under_load_the_batcher_waits_longer_and_a_lone_caller_does_not_wait():
         assert engine.sizes[3] == 4 and engine.sizes[4] >= 4, engine.sizes   # gathered, not 6 batches of 1
     finally:
         engine.close()
+
+
+def test_a_conversation_keeps_its_kv_cache_and_prefills_only_new_tokens():
+    """issue 30: the engine keeps a conversation's KV cache between its calls; the next call's
+    answer and logprobs equal a whole prefill's (within float32 rounding), a prompt that edits
+    earlier tokens reuses only what is shared, and new weights make the cache stale."""
+    import random
+
+    from actorjet.serving.engine import GenRequest, TransformersEngine
+
+    engine = TransformersEngine(zoo.resolve("tiny-long"), start_thread=False, prefix_cache_mb=64)
+    rng = random.Random(0)
+    prompt = [rng.randint(10, 90) for _ in range(1500)]
+    first = engine.generate([GenRequest(prompt, 6, 0.0, cache_key="e/a")])[0][0]
+    assert engine.prefix_cache.hits == 0 and "e/a" in engine.prefix_cache.entries
+    for turn in range(3):
+        kept = len(prompt) + len(first.completion_ids) - 1     # the last sampled token never ran
+        prompt = prompt + first.completion_ids + [rng.randint(10, 90) for _ in range(200)]
+        if turn == 2:
+            prompt[700] = 11 if prompt[700] != 11 else 12        # an edited history: shares 700 tokens
+        before = engine.prefix_cache.reused_tokens
+        cached = engine.generate([GenRequest(prompt, 6, 1.0, seed=turn, cache_key="e/a")])[0][0]
+        whole = engine.generate([GenRequest(prompt, 6, 1.0, seed=turn)])[0][0]
+        assert cached.completion_ids == whole.completion_ids
+        assert max(abs(a - b) for a, b in zip(cached.logprobs, whole.logprobs)) < 1e-4
+        assert engine.prefix_cache.reused_tokens - before == (700 if turn == 2 else kept)
+        first = cached
+    engine.versions[""] = 7                                   # new weights: every kept cache is stale
+    hits = engine.prefix_cache.hits
+    engine.generate([GenRequest(prompt, 2, 0.0, cache_key="e/a")])
+    assert engine.prefix_cache.hits == hits and engine.prefix_cache.used <= engine.prefix_cache.budget

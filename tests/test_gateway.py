@@ -11,7 +11,7 @@ from actorjet.runner.llm import LLM
 
 from actorjet.serving import zoo
 from actorjet.serving.engine import TransformersEngine
-from actorjet.serving import gateway as gateway_module
+from actorjet.serving import render as render_module
 from actorjet.serving.gateway import GatewayApp, local_backend
 from actorjet.serving.serve import AppServer
 
@@ -240,21 +240,22 @@ def test_a_repeated_conversation_reuses_its_rendered_prompt_and_only_its_own(ser
     ids = [call["prompt_ids"] for call in gw.store.calls(["ep_cache"])["ep_cache"]]
     assert ids[0] == ids[2] == gw.tokenizer("12+30=")["input_ids"]
     assert ids[1] == ids[3] == gw.tokenizer("12+31=")["input_ids"]
-    gw._render([{"role": "user", "content": "12+30="}], None).append(0)     # a caller's change stays its own
-    assert gw._render([{"role": "user", "content": "12+30="}], None) == ids[0]
+    gw._render("x", "default", [{"role": "user", "content": "12+30="}], None).append(0)   # a caller's change stays its own
+    assert list(gw._render("y", "default", [{"role": "user", "content": "12+30="}], None)) == ids[0]
 
 
 def test_the_rendered_prompts_kept_stay_within_their_budget(served, monkeypatch):
     """Long multi-turn conversations must not pile up: the cache is bounded by size."""
     gw, _ = served
-    monkeypatch.setattr(gateway_module, "PROMPT_CACHE", 400)
+    monkeypatch.setattr(render_module, "FIRST_CACHE", 400)
+    cache = gw.renderer
     for i in range(40):
-        gw._render([{"role": "user", "content": f"{i:02d}+" + "1" * 40}], None)
-    assert 0 < gw._prompts_size <= 400
-    assert gw._prompts_size == sum(len(k) + len(v) for k, v in gw._prompts.items())
+        gw._render(f"b{i}", "default", [{"role": "user", "content": f"{i:02d}+" + "1" * 40}], None)
+    assert 0 < cache.first_size <= 400
+    assert cache.first_size == sum(len(k) + len(v) for k, v in cache.first.items())
     huge = [{"role": "user", "content": "9" * 500}]          # alone over the budget: rendered, not kept
-    assert gw._render(huge, None) == gw.tokenizer("9" * 500)["input_ids"]
-    assert gw._prompts_size <= 400
+    assert list(gw._render("h", "default", huge, None)) == gw.tokenizer("9" * 500)["input_ids"]
+    assert cache.first_size <= 400
 
 
 def runner_client(server, episode: str):

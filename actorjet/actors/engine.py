@@ -9,8 +9,11 @@ batches, so no request is ever dropped by a weight update.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import threading
+from array import array
 from datetime import timedelta
 
 from aiohttp import web
@@ -39,7 +42,7 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
     from actorjet.serving.engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
                               max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"),
-                              adapters=adapters)
+                              adapters=adapters, prefix_cache_mb=cfg.get("prefix_cache_mb", 1024.0))
 
 
 def all_done(futures: list) -> asyncio.Future:
@@ -69,6 +72,17 @@ def all_done(futures: list) -> asyncio.Future:
     return done
 
 
+def read_request(body: dict) -> GenRequest:
+    """actors/gateway.py's wire_request undone: the prompt comes as base64 of int32."""
+    ids = body.pop("prompt_ids")
+    if isinstance(ids, str):
+        raw = base64.b64decode(ids, validate=True)
+        if len(raw) % 4:
+            raise ValueError("prompt_ids: not whole int32 values")
+        ids = array("i", raw).tolist()
+    return GenRequest(prompt_ids=ids, **body)
+
+
 def engine_app(engine, token: str | None = None) -> web.Application:
     """``token``: the cluster token every caller must send (the endpoint listens on the node's
     network address); None only for in-process tests."""
@@ -77,8 +91,8 @@ def engine_app(engine, token: str | None = None) -> web.Application:
             return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
         try:
             body = json.loads(await request.read())
-            reqs = [GenRequest(**r) for r in body["requests"]]
-        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+            reqs = [read_request(r) for r in body["requests"]]
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError, binascii.Error) as e:
             return web.json_response({"error": {"message": f"malformed generate request: {e}"}}, status=400)
         futures = [engine.submit(r) for r in reqs]
         await all_done(futures)

