@@ -85,7 +85,7 @@ def test_expired_leases_are_requeued_and_late_results_rejected():
     desk = make_desk()
     first = lease(desk)
     for stored in desk.leases.leases.values():
-        stored["deadline"] = time.time() - 1
+        stored["active"] = time.time() - 100          # no LLM call for longer than the idle limit
     assert len(closed(desk.tick())) == 2
     desk.on_GroupResult(result(first), "r")          # the slow runner answers after all: rejected
     assert desk.counters.groups_finished == 0
@@ -94,6 +94,32 @@ def test_expired_leases_are_requeued_and_late_results_rejected():
     c = desk.counters
     assert (c.late_results, c.completed, c.requeued, c.groups_finished) == (1, 2, 2, 1)
     assert desk.status_counts()["groups"]["late_results_rejected"] == 1
+
+
+def test_an_episode_that_keeps_calling_outlives_the_idle_limit_but_not_the_total_limit():
+    """issue 30: a 6-minute episode was expired at 120 s with nothing stored.  The limit is an
+    idle limit (gateways report which episodes called), with a separate total limit; the
+    cause travels to the gateways (the agent's 409 says it) and to status."""
+    job_train = {"lease_timeout_s": 60.0, "episode_max_s": 1000.0}
+    desk = make_desk(timeout=60.0)
+    desk.leases.total_limit = job_train["episode_max_s"]
+    first = lease(desk)
+    (stored,) = desk.leases.leases.values()
+    start = stored["started"]
+    for t in range(0, 600, 30):                      # a call every 30 s for 10 minutes
+        desk.on_EpisodeActivity(m.EpisodeActivity("policy", [first["episodes"][0]["episode_id"]]), "gw")
+        stored["active"] = start + t                 # (the registry stamps with its clock: simulated)
+        assert desk.leases.tick(now=start + t + 1) == []
+    out = desk.leases.tick(now=start + 600 + 63)      # then silence past the idle limit + grace
+    (msg,) = [x for _, x in out if isinstance(x, m.CloseEpisodes)]
+    assert "idle" in msg.cause and "lease_timeout_s" in msg.cause
+    assert desk.counters.abort_causes == {"lease expired (idle)": 2}
+    again = lease(desk, "r2")
+    for stored in desk.leases.leases.values():
+        stored["active"] = stored["started"] + 1100   # busy all along, but past episode_max_s
+    out = desk.leases.tick(now=stored["started"] + 1101)
+    assert "total limit" in [x for _, x in out if isinstance(x, m.CloseEpisodes)][0].cause
+    assert again["timeout_s"] == 1000.0 and again["idle_s"] == 60.0    # the runner gives up at the total limit
 
 
 def test_client_mode_groups_and_the_counts_they_move():

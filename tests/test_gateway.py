@@ -288,3 +288,28 @@ def test_gateway_errors_reach_a_runners_client_as_the_sdk_raises_them(served):
         bad.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
     ok = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
     assert ok.choices[0].message.content is not None       # the connection survived the errors
+
+
+def test_an_ended_or_closed_episode_is_refused_with_its_cause(served):
+    """issue 30: no call is ever recorded after an episode's reward (409), and a closed key's
+    409 says why it was closed."""
+    gw, server = served
+    c = client(server, "gend.0")
+    c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+    status, body = http(server.url + "/v1/actorjet/results", {
+        "group": {"group_id": "gend", "size": 1, "task_name": "t", "behavior": "b", "version": 1},
+        "episodes": [{"episode_id": "gend.0", "member": 0, "reward": 1.0, "api_key": signing.mint_key(SECRET, "gend.0")}]},
+        {"Authorization": f"Bearer {SECRET}"})
+    assert status == 200 and body["stored"] == 1
+    with pytest.raises(openai.APIStatusError) as refused:
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
+    assert refused.value.status_code == 409 and "reward is stored" in str(refused.value)
+    assert len(gw.store.calls(["gend.0"])["gend.0"]) == 1                   # the late call left nothing
+    assert http(server.url + "/v1/actorjet/results", {                      # the result again: idempotent
+        "group": {"group_id": "gend", "size": 1, "task_name": "t", "behavior": "b", "version": 1},
+        "episodes": [{"episode_id": "gend.0", "member": 0, "reward": 1.0, "api_key": signing.mint_key(SECRET, "gend.0")}]},
+        {"Authorization": f"Bearer {SECRET}"})[1]["refused"] == []
+    gw.store.close(["ep_gone"], "lease expired (idle): no LLM call for 120 s ([train] lease_timeout_s)")
+    with pytest.raises(openai.APIStatusError) as refused:
+        client(server, "ep_gone").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1"}])
+    assert refused.value.status_code == 409 and "no LLM call for 120 s" in str(refused.value)

@@ -23,6 +23,7 @@ from actorjet.actors.engine import engine_app
 from actorjet.serving.gateway import GatewayApp, local_backend
 from actorjet.actors.gateway import HttpEngineBackend
 from actorjet.serving.openai_api import ApiError
+from actorjet.serving.records import CallRecord, Tails, encode
 from actorjet.serving.serve import AppServer
 from actorjet.rl.rewards import bad_reward
 from swarm import REPO, wait_until
@@ -244,14 +245,15 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
 
     # 2. poison deeper down (a group stored before rewards were checked): quarantined, training goes on
     db = sqlite3.connect(run / "episodes-policy.sqlite", timeout=30)
-    call = {"prompt_ids": [5, 6], "completion_ids": [7], "logprobs": [-0.1], "weight_version": 0, "role": "default",
-            "model": "policy", "temperature": 1.0, "call_index": 0, "choice": 0, "messages": [], "params": {}}
+    def call(episode_id):       # a row as the gateway writes it (serving/records.py)
+        return encode(CallRecord(episode_id, "policy", "default", 0, 0, [5, 6], [7], [-0.1], 0, 1.0), Tails())
     with db:
         db.execute("INSERT INTO groups (group_id, task_name, behavior, version, size, complete_at) "
                    "VALUES ('poison-1', 'arithmetic', 'arithmetic', 1, 2, 0)")
         for k, reward in enumerate(("high", 0.0)):
             db.execute("INSERT INTO episodes VALUES (?, 'poison-1', ?, ?, 0)", (f"poison-1.{k}", str(k), json.dumps(reward)))
-            db.execute("INSERT INTO calls VALUES (?, 0, 0, ?)", (f"poison-1.{k}", json.dumps(call)))
+            row = call(f"poison-1.{k}")
+            db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
     before = step()
     wait_until(lambda: status()["groups"]["quarantined"] >= 1, 60, what="the poisoned group quarantined")
     wait_until(lambda: step() >= before + 3, 120, interval_s=0.5, what="3 more learner steps")
@@ -266,10 +268,11 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
         llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
     assert refused.value.status_code == 409
     info, llm = open_episode()
-    wait_until(lambda: status()["aborted_by_cause"].get("client expired") == 1, 20, what="the idle episode expired")
+    wait_until(lambda: status()["aborted_by_cause"].get("client expired (idle)") == 1, 20,
+               what="the idle episode expired")
     with pytest.raises(openai.APIStatusError) as refused:
         llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": "1+1="}], max_tokens=2)
-    assert refused.value.status_code == 409
+    assert refused.value.status_code == 409 and "no LLM call for" in str(refused.value)     # it says why
 
     # 4. when the swarm is quiet, the gateway holds nothing in memory for any episode: finished
     #    ones are in the store, failed, aborted and expired ones closed

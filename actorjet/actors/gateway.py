@@ -147,7 +147,7 @@ class Gateway(ManagedActor):
 
     def receiveMsg_CloseEpisodes(self, msg: m.CloseEpisodes, sender):
         """Episodes that will never be trained: refuse their keys, free their calls."""
-        self.app.store.close([e for e in msg.episode_ids if isinstance(e, str)])
+        self.app.store.close([e for e in msg.episode_ids if isinstance(e, str)], str(getattr(msg, "cause", ""))[:300])
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         while True:
@@ -162,6 +162,9 @@ class Gateway(ManagedActor):
             # engine's stall, not the gateway's, so completions would be the wrong measure.
             self.reported = time.monotonic()
             self.send(self.registry, m.Progress(self.model, "gateway", self.server.beats, 1))
+            active, self.app.active = self.app.active, set()      # (a call in the swap is seen next time)
+            if active:
+                self.send(self.registry, m.EpisodeActivity(self.model, sorted(active)))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
 
     def receiveMsg_Stall(self, msg: m.Stall, sender):

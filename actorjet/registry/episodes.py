@@ -110,6 +110,7 @@ class EpisodeDesk:
             m.RunnerDown: self.on_RunnerDown, m.StoreCounts: self.on_StoreCounts, m.Progress: self.on_Progress, m.Metric: self.on_Metric,
             m.Trained: self.on_Trained, m.Evaluated: self.on_Evaluated,
             m.Quarantined: self.on_Quarantined, m.ClientEvent: self.on_ClientEvent,
+            m.EpisodeActivity: self.on_EpisodeActivity,
             m.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
             m.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
             m.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
@@ -307,16 +308,35 @@ class EpisodeDesk:
             return "waiting for runners (join a node, or start the head with --slots)"
         return "training"
 
-    def _expire_client_episodes(self) -> Out:
-        """A client-mode episode not ended within lease_timeout_s (its user crashed or forgot
-        it) is aborted and closed: its key stops working and its calls are freed."""
-        deadline = time.time() - self.leases.lease_timeout
-        expired = [e for e, ev in self.client_open.items() if ev["opened_at"] < deadline]
-        for episode_id in expired:
+    def on_EpisodeActivity(self, msg: m.EpisodeActivity, sender) -> Out:
+        """Episodes that called a model lately: their leases (and client episodes) stay alive."""
+        now, ids = time.time(), [e for e in msg.episode_ids if isinstance(e, str)]
+        self.leases.touch(ids, now)
+        for e in ids:
+            if e in self.client_open:
+                self.client_open[e]["active_at"] = now
+        return []
+
+    def _expire_client_episodes(self, now: float | None = None) -> Out:
+        """A client-mode episode with no LLM call for lease_timeout_s, or open longer than
+        episode_max_s (its user crashed or forgot it), is aborted and closed: its key stops
+        working, with the cause, and its calls are freed."""
+        now = time.time() if now is None else now
+        idle, total = self.leases.idle_limit, self.leases.total_limit
+        out: Out = []
+        for episode_id, ev in list(self.client_open.items()):
+            if now - ev.get("active_at", ev["opened_at"]) > idle:
+                cause = f"client expired (idle): no LLM call for {idle:g} s ([train] lease_timeout_s)"
+            elif now - ev["opened_at"] > total:
+                cause = f"client expired (total limit): open longer than {total:g} s ([train] episode_max_s)"
+            else:
+                continue
             del self.client_open[episode_id]
             self.counters.in_flight -= 1
-            self.counters.abort("client expired")
-        return self.route(close(expired))
+            self.counters.abort(cause)
+            log.warning("client episode %s: %s", episode_id, cause)
+            out += close([episode_id], cause)
+        return self.route(out)
 
     # -- learners -----------------------------------------------------------------------
     def on_Metric(self, msg: m.Metric, sender) -> Out:
@@ -382,7 +402,7 @@ class EpisodeDesk:
         why = "client abort" if ev["event"] == "abort" else bad_reward(ev.get("reward"))
         if why:           # (the gateway refused bad rewards already; this is the inner check)
             self.counters.abort(why)
-            return self.route(close([ev["episode_id"]]))
+            return self.route(close([ev["episode_id"]], why))
         self.counters.completed += 1
         group_key = opened.get("group") or ev["episode_id"]
         size = int(opened.get("group_size") or 1)

@@ -38,9 +38,10 @@ Out = list[tuple[object, object]]    # (address or role, message)
 GRACE_S = 2.0      # the runner gives up on an episode at its timeout; the registry a little later
 
 
-def close(episode_ids: list[str]) -> Out:
-    """Episodes that will never be trained: every gateway refuses their keys and frees their calls."""
-    return [("gateways", m.CloseEpisodes(list(episode_ids)))] if episode_ids else []
+def close(episode_ids: list[str], cause: str = "") -> Out:
+    """Episodes that will never be trained: every gateway refuses their keys (saying ``cause``)
+    and frees their calls."""
+    return [("gateways", m.CloseEpisodes(list(episode_ids), cause))] if episode_ids else []
 
 
 class LeaseDesk:
@@ -48,10 +49,12 @@ class LeaseDesk:
         self.token, self.epoch, self.counters = token, epoch, counters
         self.group_size = train.get("group_size", 8)
         self.window = train.get("groups_per_step", 32) * (train.get("max_staleness", 1) + 1)
-        self.lease_timeout = float(train.get("lease_timeout_s", 120.0))
+        self.idle_limit = float(train.get("lease_timeout_s", 120.0))     # no LLM call for this long
+        self.total_limit = float(train.get("episode_max_s", 3600.0))     # however busy
+        self.lease_of: dict[str, str] = {}      # episode id → its open lease
         self.max_retries = int(train.get("episode_retries", 2))
         self.groups: dict[str, dict] = {}       # open groups
-        self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, deadline}
+        self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, started, active}
         self.retry: deque = deque()             # (group id, members) waiting for a runner
         self.serial = 0
         self.finished: list[dict] = []          # finished since the registry last wrote groups.jsonl
@@ -116,17 +119,33 @@ class LeaseDesk:
         for k in members:
             episode_id = f"{group['group_id']}.{k}{suffix}"
             episodes.append({"episode_id": episode_id, "api_key": signing.mint_key(self.token, episode_id)})
+        now = time.time()
         self.leases[lease_id] = {"group_id": group["group_id"], "members": list(members), "episodes": episodes,
-                                 "runner_id": runner_id, "deadline": time.time() + self.lease_timeout + GRACE_S}
+                                 "runner_id": runner_id, "started": now, "active": now}
+        self.lease_of.update({e["episode_id"]: lease_id for e in episodes})
         self.counters.in_flight += len(members)
         return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
                 "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
                 "episodes": episodes, "members": list(members), "group_size": self.group_size,
-                "timeout_s": self.lease_timeout}
+                "timeout_s": self.total_limit, "idle_s": self.idle_limit}
+
+    def _drop(self, lease_id: str) -> dict | None:
+        lease = self.leases.pop(lease_id, None)
+        for e in (lease or {}).get("episodes", []):
+            self.lease_of.pop(e["episode_id"], None)
+        return lease
+
+    def touch(self, episode_ids: list, now: float | None = None) -> None:
+        """These episodes called a model: their leases are alive (an idle limit, not a wall clock)."""
+        now = time.time() if now is None else now
+        for e in episode_ids:
+            lease = self.leases.get(self.lease_of.get(e, ""))
+            if lease is not None:
+                lease["active"] = now
 
     # -- results --------------------------------------------------------------------------
     def on_result(self, msg: m.GroupResult) -> Out:
-        lease = self.leases.pop(msg.lease_id, None)
+        lease = self._drop(msg.lease_id)
         if lease is None:
             self.counters.late_results += 1
             log.warning("late result for lease %s (expired, or its runner was declared dead): rejected",
@@ -147,7 +166,7 @@ class LeaseDesk:
                 cause = _cause(why)
             else:
                 group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
-        out = close(closed)
+        out = close(closed, f"it failed: {cause[:200]}")
         done = len(lease["members"]) - len(failed)
         runner = lease["runner_id"]
         self.counters.completed_by_runner[runner] = self.counters.completed_by_runner.get(runner, 0) + done
@@ -168,12 +187,12 @@ class LeaseDesk:
         closed = [r["episode_id"] for r in group["results"].values()]   # finished, but never trained now
         for lease_id, lease in list(self.leases.items()):     # its other members are pointless now
             if lease["group_id"] == group["group_id"]:
-                del self.leases[lease_id]
+                self._drop(lease_id)
                 self.counters.in_flight -= len(lease["members"])
                 closed += [e["episode_id"] for e in lease["episodes"]]
         self.counters.drop(group["source"], cause)
         log.warning("group %s dropped whole: %s", group["group_id"], cause)
-        return close(closed)
+        return close(closed, f"its group was dropped: {cause}")
 
     def _finish(self, group: dict) -> Out:
         self.groups.pop(group["group_id"], None)
@@ -192,19 +211,26 @@ class LeaseDesk:
                 out += self._expire(lease_id, cause)
         return out
 
-    def tick(self) -> Out:
-        now, out = time.time(), []
+    def tick(self, now: float | None = None) -> Out:
+        """Expire leases whose episodes made no LLM call for the idle limit, or ran past the
+        total limit (each with a little grace: the runner gives up first and says so)."""
+        now, out = (time.time() if now is None else now), []
         for lease_id, lease in list(self.leases.items()):
-            if lease["deadline"] < now:
-                out += self._expire(lease_id, "lease expired")
+            if now - lease["active"] > self.idle_limit + GRACE_S:
+                out += self._expire(lease_id, f"lease expired (idle): no LLM call for {self.idle_limit:g} s "
+                                              "([train] lease_timeout_s)")
+            elif now - lease["started"] > self.total_limit + GRACE_S:
+                out += self._expire(lease_id, f"lease expired (total limit): the episode ran longer than "
+                                              f"{self.total_limit:g} s ([train] episode_max_s)")
         return out
 
     def _expire(self, lease_id: str, cause: str) -> Out:
-        lease = self.leases.pop(lease_id, None)
+        lease = self._drop(lease_id)
         if lease is None:
             return []
         self.counters.in_flight -= len(lease["members"])
-        out = close([e["episode_id"] for e in lease["episodes"]])
+        log.warning("lease %s: %s", lease_id, cause)
+        out = close([e["episode_id"] for e in lease["episodes"]], cause)
         group = self.groups.get(lease["group_id"])
         if group is not None:
             out += self._failed(group, lease["members"], cause)

@@ -298,7 +298,18 @@ class Metric:
 @dataclass
 class CloseEpisodes:
     """Registry → gateways: these episodes ended without being trained (failed, aborted,
-    expired, or their group was dropped): refuse their keys, free their recorded calls."""
+    expired, or their group was dropped): refuse their keys, free their recorded calls.
+    ``cause`` is what an agent that still uses a key is told (with a 409)."""
+    episode_ids: list
+    cause: str = ""
+
+
+@dataclass
+class EpisodeActivity:
+    """Gateway → registry, once a second: the episodes that called this model since the last
+    report.  The registry stamps them with its own clock (hosts share none) and keeps their
+    leases alive: the episode limit is an idle limit, not a wall-clock one."""
+    model: str
     episode_ids: list
 
 

@@ -74,13 +74,16 @@ CREATE TABLE IF NOT EXISTS groups (
     quarantine   TEXT                         -- {cause, sample}: it cannot be trained
 );
 CREATE INDEX IF NOT EXISTS trainable ON groups (complete_at, taken, quarantine);
-CREATE TABLE IF NOT EXISTS closed (episode_id TEXT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS closed (             -- keys refused from now on, and why
+    episode_id TEXT PRIMARY KEY, cause TEXT, closed_at REAL
+);
 CREATE TABLE IF NOT EXISTS retired (          -- what retention deleted, still counted
     id INTEGER PRIMARY KEY CHECK (id = 1), groups INTEGER NOT NULL, episodes INTEGER NOT NULL
 );
 """
 FORMAT = 2          # PRAGMA user_version; 0/1: calls as JSON records (migrated on open)
 PENDING = "complete_at IS NOT NULL AND taken IS NULL AND quarantine IS NULL"
+ENDED = "it ended: its reward is stored"     # a closed key whose calls stay (no call after a reward)
 MAX_CLOSED_IN_MEMORY = 200_000
 
 
@@ -104,8 +107,9 @@ class EpisodeStore:
         self.buffer: list = []                   # calls added, not yet flushed
         self.counters: dict[str, int] = {}       # open episodes → their next call index
         self.tails = records_mod.Tails()             # open episodes → their latest calls (references)
-        self.closed = {e: None for (e,) in self.db.execute(
-            "SELECT episode_id FROM closed ORDER BY rowid DESC LIMIT ?", (MAX_CLOSED_IN_MEMORY,))}
+        self.closed = dict(self.db.execute(       # episode → why its key is refused
+            "SELECT episode_id, COALESCE(cause, 'closed') FROM closed ORDER BY rowid DESC LIMIT ?",
+            (MAX_CLOSED_IN_MEMORY,)))
 
     def _open_format(self) -> None:
         """Create the tables, or bring a store of an older format up to this one: calls kept
@@ -118,6 +122,10 @@ class EpisodeStore:
                             f"reads ({FORMAT}): upgrade ActorJet, or start a new run directory")
         if "record" in old:
             self._migrate()
+        closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
+        if closed and "cause" not in closed:
+            self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
+            self.db.execute("ALTER TABLE closed ADD COLUMN closed_at REAL")
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version = {FORMAT}")
 
@@ -151,6 +159,9 @@ class EpisodeStore:
     # -- gateway: calls -----------------------------------------------------------------
     def is_closed(self, episode_id: str) -> bool:
         return episode_id in self.closed
+
+    def closed_cause(self, episode_id: str) -> str:
+        return self.closed.get(episode_id) or "closed"
 
     def next_index(self, episode_id: str) -> int:
         with self.lock:
@@ -224,9 +235,10 @@ class EpisodeStore:
     def put_results(self, group: dict, episodes: list[dict]) -> list[str]:
         """Store finished episodes' rewards (``episodes``: episode_id, member, reward) with their
         group (group_id, task_name, behavior, version, size), after every call added so far.
-        Returns the episodes refused because they were closed; idempotent."""
+        Returns the episodes refused because they were closed; idempotent.  A stored episode's
+        key is refused from then on (``ENDED``): no call is ever recorded after its reward."""
         self.flush()
-        refused = [e["episode_id"] for e in episodes if e["episode_id"] in self.closed]
+        refused = [e["episode_id"] for e in episodes if self.closed.get(e["episode_id"], ENDED) != ENDED]
         now = time.time()
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO groups (group_id, task_name, behavior, version, size) "
@@ -236,11 +248,20 @@ class EpisodeStore:
                            [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now)
                             for e in episodes if e["episode_id"] not in refused])
             self._judge(db, group["group_id"], now)
+            db.executemany("INSERT OR IGNORE INTO closed VALUES (?, ?, ?)",
+                           [(e["episode_id"], ENDED, now) for e in episodes if e["episode_id"] not in refused])
         with self.lock:
             for e in episodes:
-                self.counters.pop(e["episode_id"], None)
-                self.tails.forget(e["episode_id"])
+                if e["episode_id"] not in refused:
+                    self._remember_closed(e["episode_id"], ENDED)
         return refused
+
+    def _remember_closed(self, episode_id: str, cause: str) -> None:
+        self.closed[episode_id] = cause
+        self.counters.pop(episode_id, None)
+        self.tails.forget(episode_id)
+        while len(self.closed) > MAX_CLOSED_IN_MEMORY:
+            self.closed.pop(next(iter(self.closed)))
 
     @staticmethod
     def _judge(db, group_id: str, now: float) -> None:
@@ -250,22 +271,20 @@ class EpisodeStore:
                    "WHERE group_id = ?1 AND reward IS NOT NULL) >= size THEN COALESCE(complete_at, ?2) END "
                    "WHERE group_id = ?1 AND taken IS NULL", (group_id, now))
 
-    def close(self, episode_ids: list[str]) -> None:
-        """Episodes that will never be trained: refuse their keys, delete their calls and reward
-        (unless their group was taken already: then they are part of what was trained)."""
+    def close(self, episode_ids: list[str], cause: str = "") -> None:
+        """Episodes that will never be trained: refuse their keys (saying ``cause``), delete
+        their calls and reward (unless their group was taken already: then they are part of
+        what was trained)."""
         if not episode_ids:
             return
+        cause = cause or "closed"
         with self.lock:
             for e in episode_ids:
-                self.closed[e] = None
-                self.counters.pop(e, None)
-                self.tails.forget(e)
-            while len(self.closed) > MAX_CLOSED_IN_MEMORY:
-                self.closed.pop(next(iter(self.closed)))
+                self._remember_closed(e, cause)
             self.buffer = [r for r in self.buffer if r.episode_id not in self.closed]
         now = time.time()
         with self._tx() as db:
-            db.executemany("INSERT OR IGNORE INTO closed VALUES (?)", [(e,) for e in episode_ids])
+            db.executemany("INSERT OR REPLACE INTO closed VALUES (?, ?, ?)", [(e, cause, now) for e in episode_ids])
             marks = ",".join("?" * len(episode_ids))
             groups = [g for (g,) in db.execute(f"SELECT DISTINCT group_id FROM episodes WHERE episode_id IN "
                                                f"({marks})", episode_ids)]

@@ -67,6 +67,7 @@ class GatewayApp:
         self.record = record        # a frozen model (nothing trains on its calls) keeps no records
         self.adapter = adapter      # base = "other": this model is that engine's adapter of this name
         self.renderer = Renderer(tokenizer)                 # chat messages → ids, O(new tokens) per call
+        self.active: set[str] = set()        # episodes seen since the actor last reported them (idle limit)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024,
@@ -99,8 +100,9 @@ class GatewayApp:
             raise ApiError(401, "invalid API key (not an ActorJet episode key)", code="invalid_api_key",
                            kind="authentication_error")
         if self.store.is_closed(episode_id):
-            raise ApiError(409, f"episode {episode_id} is closed; open a new episode",
-                           code="episode_closed")
+            raise ApiError(409, f"episode {episode_id} is closed ({self.store.closed_cause(episode_id)}); "
+                           "open a new episode", code="episode_closed")
+        self.active.add(episode_id)
         return episode_id
 
     def _cluster(self, request) -> None:

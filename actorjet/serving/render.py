@@ -132,8 +132,3 @@ class Renderer:
         while len(self.states) > STATES:
             self.states.popitem(last=False)
 
-    def forget(self, episode_id: str) -> None:
-        """The episode ended: drop its conversations."""
-        for key in [k for k in self.states if k[0] == episode_id]:
-            del self.states[key]
-
