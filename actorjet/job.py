@@ -42,7 +42,11 @@ MODEL_DEFAULTS = {
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
 TRAIN_DEFAULTS = {"group_size": 8, "groups_per_step": 32, "steps": 100, "max_staleness": 1,
-                  "seed": 0, "lease_timeout_s": 120.0, "runner_concurrency": 32,
+                  "seed": 0, "runner_concurrency": 32,
+                  "lease_timeout_s": 120.0,  # an episode with no LLM call for this long is expired (idle limit)
+                  "episode_max_s": 3600.0,   # an episode running longer than this is expired, however busy
+                  "keep_trajectories": False,   # before retention deletes trained calls, append them to
+                                                # RUN_DIR/trajectories/MODEL.jsonl (actorjet export-data)
                   "episode_retries": 2,      # rounds of re-running failed members before a group is dropped
                   "runner_memory_mb": 0.0,   # a runner above this RSS restarts (0: no limit)
                   "isolation": "thread",     # thread | process: each task's episodes in its own process
@@ -114,6 +118,9 @@ def normalize(data: dict, where: str = "job") -> dict:
     for x in job["tasks"]:
         if x["weight"] <= 0:
             raise UserError(f"{where}: task {x['name']!r}: weight must be > 0")
+    if not 0 < t["lease_timeout_s"] <= t["episode_max_s"]:
+        raise UserError(f"{where}: [train] lease_timeout_s (the idle limit, {t['lease_timeout_s']!r}) must be "
+                        f"> 0 and at most episode_max_s (the total limit, {t['episode_max_s']!r})")
     for key in ("group_size", "groups_per_step", "steps", "runner_concurrency"):
         if not isinstance(t[key], int) or t[key] < 1:
             raise UserError(f"{where}: [train] {key} must be a positive integer, got {t[key]!r}")

@@ -114,6 +114,8 @@ def test_an_episode_that_keeps_calling_outlives_the_idle_limit_but_not_the_total
     (msg,) = [x for _, x in out if isinstance(x, m.CloseEpisodes)]
     assert "idle" in msg.cause and "lease_timeout_s" in msg.cause
     assert desk.counters.abort_causes == {"lease expired (idle)": 2}
+    routed = desk.route(out)                           # and its runner is told to give up on it now
+    assert [(to, x.lease_id) for to, x in routed if isinstance(x, m.AbandonLease)] == [("addr-r", first["lease_id"])]
     again = lease(desk, "r2")
     for stored in desk.leases.leases.values():
         stored["active"] = stored["started"] + 1100   # busy all along, but past episode_max_s

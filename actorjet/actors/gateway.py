@@ -38,7 +38,8 @@ def wire_request(req: GenRequest) -> dict:
     """A request as JSON, its prompt as base64 of int32 (a 32k-token prompt as a JSON list of
     numbers took ~2 ms to write and more to read, on every call of a long episode)."""
     body = dict(req.__dict__)
-    body["prompt_ids"] = base64.b64encode(array("i", body["prompt_ids"]).tobytes()).decode()
+    ids = body["prompt_ids"]
+    body["prompt_ids"] = base64.b64encode((ids if isinstance(ids, array) else array("i", ids)).tobytes()).decode()
     return body
 
 

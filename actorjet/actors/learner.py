@@ -357,6 +357,14 @@ class Learner(ManagedActor):
         self.tokenizer.save_pretrained(out)
         torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))
+        # Retention: a restarted learner rewinds to this checkpoint, so what it trained up to
+        # here is never needed again (exported first with [train] keep_trajectories).
+        archive = self.run_dir / "trajectories" / f"{self.model_name}.jsonl" \
+            if self.train_cfg.get("keep_trajectories") else None
+        gone = self.store.retain(self.step, archive=archive, keep_closed_s=2 * self.train_cfg["episode_max_s"])
+        if gone["groups"]:
+            log.info("%s: retention at step %d: %d groups (%d episodes) left the episode store%s", self.model_name,
+                     self.step, gone["groups"], gone["episodes"], f", appended to {archive}" if archive else "")
 
     def on_stop(self) -> None:
         if getattr(self, "eval_pool", None) is not None:

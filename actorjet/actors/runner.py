@@ -180,6 +180,13 @@ class AgentRunner(ManagedActor):
         self._poll_soon()
         self._ask_for_work()
 
+    def receiveMsg_AbandonLease(self, msg: m.AbandonLease, sender):
+        """The registry expired this lease (idle or over its total limit): give up on it now."""
+        held = self.groups.get(msg.lease_id)
+        if held is not None:
+            held[0]["give_up_at"], held[0]["abandoned"] = 0.0, str(msg.cause)[:200]
+            self._poll_soon(0)
+
     def receiveMsg_NoWork(self, msg: m.NoWork, sender):
         self.waiting_for_leases = False
         self.retry_at = time.monotonic() + msg.retry_s
@@ -208,7 +215,8 @@ class AgentRunner(ManagedActor):
                         self.hung_by_task.setdefault(lease["task_name"], []).append(f)
                     else:
                         self.hung.append(f)
-                    results.append(failed(ep["episode_id"], f"timeout: still running after {lease['timeout_s']:g} s"))
+                    results.append(failed(ep["episode_id"], f"timeout: {lease['abandoned']}" if lease.get("abandoned")
+                                          else f"timeout: still running after {lease['timeout_s']:g} s"))
             for r in results:
                 if r.get("error"):
                     log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])

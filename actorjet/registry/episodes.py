@@ -118,12 +118,16 @@ class EpisodeDesk:
         }
 
     def route(self, out: Out) -> Out:
-        """Address the role the lease desk speaks to: ``gateways`` (each of them)."""
+        """Address the roles the lease desk speaks to: ``gateways`` (each of them) and
+        ``("runner", id)``."""
         routed: Out = []
         for to, msg in out:
             if to == "gateways":
                 routed += [(s["gateway"]["address"], msg) for s in self.services.values()
                            if s.get("gateway", {}).get("address") is not None]
+            elif isinstance(to, tuple) and to[0] == "runner":      # a runner by id (known from its requests)
+                if to[1] in self.runner_addr:
+                    routed.append((self.runner_addr[to[1]], msg))
             else:
                 routed.append((to, msg))
         return routed

@@ -231,6 +231,8 @@ class LeaseDesk:
         self.counters.in_flight -= len(lease["members"])
         log.warning("lease %s: %s", lease_id, cause)
         out = close([e["episode_id"] for e in lease["episodes"]], cause)
+        if cause.startswith("lease expired"):      # its runner may still be running it: stop that
+            out.append((("runner", lease["runner_id"]), m.AbandonLease(lease_id, cause)))
         group = self.groups.get(lease["group_id"])
         if group is not None:
             out += self._failed(group, lease["members"], cause)

@@ -114,16 +114,16 @@ def is_chain(timeline: list[dict]) -> bool:
     return True
 
 
-def common_prefix(a: array, b: array) -> int:
-    """Length of the longest common prefix of two int32 arrays, by memcmp of halves."""
-    n = min(len(a), len(b))
-    ma, mb = memoryview(a).cast("B"), memoryview(b).cast("B")
-    if ma[:4 * n] == mb[:4 * n]:
-        return n
-    lo, hi = 0, n                     # a[:lo] == b[:lo], a[:hi] != b[:hi]
+def common_prefix(a: bytes, b: bytes) -> int:
+    """How many int32 values two packed id strings share at their start: bytes comparisons
+    (memcmp), never a Python loop over the ids."""
+    n = min(len(a), len(b)) // 4 * 4
+    if a.startswith(b if n == len(b) else b[:n]):
+        return n // 4
+    lo, hi = 0, n // 4                    # a[:lo] == b[:lo], a[:hi] != b[:hi] (in ids)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if ma[4 * lo:4 * mid] == mb[4 * lo:4 * mid]:
+        if a.startswith(b[4 * lo:4 * mid], 4 * lo):
             lo = mid
         else:
             hi = mid
@@ -137,19 +137,17 @@ def recompact(calls: list[dict], window: int = 16) -> None:
     are memcmp, not Python loops.  Messages stay whole."""
     for episode in by_episode(calls).values():
         episode.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
-        seen: list[tuple[dict, array]] = []
+        seen: list[tuple[dict, bytes]] = []
         for call in episode:
             if "prompt_ids" not in call:
-                seen.append((call, array("i", full_ids(call))))
+                seen.append((call, array("i", full_ids(call)).tobytes()))
                 continue
-            prompt = array("i", call["prompt_ids"])
+            prompt = array("i", call["prompt_ids"]).tobytes()
             best, shared = None, 0
             for other, ids in seen[-window:]:
                 n = common_prefix(prompt, ids)
                 if n >= shared and n > 0:
                     best, shared = other, n
-            full = array("i", prompt)
-            full.extend(call["completion_ids"])
             call["ref"], call["prefix_len"], call["new_ids"] = best, shared, call["prompt_ids"][shared:]
             del call["prompt_ids"]
-            seen.append((call, full))
+            seen.append((call, prompt + array("i", call["completion_ids"]).tobytes()))

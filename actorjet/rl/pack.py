@@ -188,17 +188,17 @@ class _PackTrie(Trie):
                 while self.children[node]:
                     carried = (node, carried)
                     node = next(iter(self.children[node].values()))
-                out.append(self._layout(node, carried, depth[node] - 1))
+                out.append(self._layout(node, carried, depth[node] - 1, depth))
                 continue
             whole = depth[node] - 1 + size[node]
             if whole <= max_tokens and saved[node] >= SHARE_MIN * whole:
-                out.append(self._layout(node, carried, depth[node] - 1))
+                out.append(self._layout(node, carried, depth[node] - 1, depth))
                 continue
             kids = list(self.children[node].values())
             stack += [(kid, (node, carried) if k == 0 else None) for k, kid in reversed(list(enumerate(kids)))]
         return out
 
-    def _layout(self, top: int, carried: tuple | None, above: int) -> Packed:
+    def _layout(self, top: int, carried: tuple | None, above: int, depth: list[int]) -> Packed:
         """The path above ``top`` (linear), then ``top``'s subtree depth-first: ancestors
         before descendants, each branch contiguous, position = depth."""
         packed = Packed(linear=True)
@@ -207,16 +207,14 @@ class _PackTrie(Trie):
             path.append(n)
             n = self.parent[n]
         path.reverse()
-        carried_set = set()
-        while carried is not None:
+        token, terms = self.token, self.terms
+        packed.input_ids = [token[n] for n in path]
+        packed.position_ids = list(range(len(path)))
+        packed.parents = list(range(-1, len(path) - 1))
+        while carried is not None:                   # carried nodes sit on the path, at depth - 1
             node, carried = carried
-            carried_set.add(node)
-        for i, node in enumerate(path):
-            packed.input_ids.append(self.token[node])
-            packed.position_ids.append(i)
-            packed.parents.append(i - 1)
-            if node in carried_set:
-                packed.terms += [(i, *t) for t in self.terms[node]]
+            if terms[node]:
+                packed.terms += [(depth[node] - 1, *t) for t in terms[node]]
         index: dict[int, int] = {}
         stack = [(top, above)]
         while stack:
@@ -254,12 +252,12 @@ def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
         earlier: list[dict] = []
         for b in timeline:
             prompt, a = b["prompt_ids"], None      # a: the longest earlier prompt B starts with (the latest)
-            for other in earlier:
-                n = len(other["prompt_ids"])
-                if 0 < n <= len(prompt) and (a is None or n >= len(a["prompt_ids"])) \
-                        and prompt[:n] == other["prompt_ids"]:
+            for other in sorted(earlier, key=lambda c: len(c["prompt_ids"]), reverse=True):
+                n = len(other["prompt_ids"])       # (sorted is stable: the latest of a length first)
+                if 0 < n <= len(prompt) and prompt[:n] == other["prompt_ids"]:
                     a = other
-            earlier.append(b)
+                    break
+            earlier.insert(0, b)
             if a is None:
                 continue
             start, sampled = len(a["prompt_ids"]), a["completion_ids"]

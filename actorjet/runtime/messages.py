@@ -247,6 +247,15 @@ class NoWork:
 
 
 @dataclass
+class AbandonLease:
+    """Registry → runner: this lease expired (its episodes made no LLM call for the idle
+    limit, or ran past the total limit): report its unfinished episodes as failed now and
+    abandon their threads, as at the runner's own time limit."""
+    lease_id: str
+    cause: str
+
+
+@dataclass
 class GroupResult:
     runner_id: str
     lease_id: str                # a group may be leased several times (retries): the lease answers

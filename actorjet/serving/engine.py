@@ -325,6 +325,9 @@ class TransformersEngine(BatchingEngine):
             from actorjet.rl.lora import ADAPTER
             self.peft.set_adapter(adapter or ADAPTER)
         self.batches += 1
+        for r in reqs:                   # the gateway hands over its int32 array: listed here, off its loop
+            if not isinstance(r.prompt_ids, list):
+                r.prompt_ids = list(r.prompt_ids)
         out: list = [None] * len(reqs)
         rest = [i for i, r in enumerate(reqs) if not self._cacheable(r)]
         for i, req in enumerate(reqs):

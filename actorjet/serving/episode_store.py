@@ -374,13 +374,16 @@ class EpisodeStore:
             return [{"group_id": g, **json.loads(q)} for g, q in self.db.execute(
                 "SELECT group_id, quarantine FROM groups WHERE quarantine IS NOT NULL")]
 
-    def retain(self, step: int, archive: Path | None = None) -> dict[str, int]:
+    def retain(self, step: int, archive: Path | None = None, keep_closed_s: float = 7200.0) -> dict[str, int]:
         """Retention: the groups trained at or before ``step`` (the newest checkpoint's: a
         restarted learner rewinds to it and never needs them) leave the store — calls, rewards
         and group rows — and are only counted (``retired``); with ``archive``, each of their
         episodes is first appended to that JSONL file (compact: serving/trajectories.py reads
         it).  Freed pages go back to the file system (incremental vacuum), so the store's size
-        follows what is pending, not the length of the run."""
+        follows what is pending, not the length of the run.  Refused keys are remembered for
+        ``keep_closed_s`` (longer than any episode may run); calls under a key nobody knows any
+        more (a forgotten closed key used again) are deleted after that long too."""
+        self._forget_closed(keep_closed_s)
         with self._tx() as db:
             groups = db.execute("SELECT group_id, task_name, behavior, version, trained_step FROM groups "
                                 "WHERE trained_step IS NOT NULL AND trained_step <= ? AND quarantine IS NULL",
@@ -417,6 +420,13 @@ class EpisodeStore:
         with self.lock:
             self.db.execute("PRAGMA incremental_vacuum")
         return {"groups": len(ids), "episodes": episodes}
+
+    def _forget_closed(self, keep_s: float) -> None:
+        old = time.time() - keep_s
+        with self._tx() as db:
+            db.execute("DELETE FROM closed WHERE closed_at IS NOT NULL AND closed_at < ?", (old,))
+            db.execute("DELETE FROM calls WHERE episode_id NOT IN (SELECT episode_id FROM episodes) "
+                       "AND json_extract(meta, '$.created') < ?", (old,))
 
     def counts(self) -> dict[str, int]:
         """Groups complete, trained, quarantined, pending; episodes in trained groups (what

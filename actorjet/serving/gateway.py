@@ -158,7 +158,7 @@ class GatewayApp:
     async def _generate(self, prompt_ids, s: api.Sampling, max_tokens: int, conversation: str = "") -> list[GenResult]:
         """``conversation`` (episode/role) lets the engine keep its KV cache for the next call."""
         self.requests += 1
-        req = GenRequest(list(prompt_ids), max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs,
+        req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs,
                          self.adapter, conversation)
         try:
             results = await self.backend(req)

@@ -22,7 +22,7 @@ MIN_TOKENS = 64          # prompts shorter than this are batched as before (noth
 
 @dataclass
 class Entry:
-    ids: array          # the tokens whose keys and values ``kv`` holds
+    ids: bytes          # the tokens whose keys and values ``kv`` holds (int32)
     kv: object          # a transformers DynamicCache
     version: int
     adapter: str
@@ -59,7 +59,7 @@ class PrefixCache:
         if entry.version != version or entry.adapter != adapter:
             self.misses += 1
             return None, 0
-        n = min(common_prefix(array("i", prompt), entry.ids), len(prompt) - 1)
+        n = min(common_prefix(array("i", prompt).tobytes(), entry.ids), len(prompt) - 1)
         if n <= 0:
             self.misses += 1
             return None, 0
@@ -74,7 +74,7 @@ class PrefixCache:
         nbytes = kv_bytes(kv)
         if nbytes > self.budget:
             return
-        self.entries[key] = Entry(array("i", ids), kv, version, adapter, nbytes)
+        self.entries[key] = Entry(array("i", ids).tobytes(), kv, version, adapter, nbytes)
         self.used += nbytes
         while self.used > self.budget:
             _, old = self.entries.popitem(last=False)

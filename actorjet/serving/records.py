@@ -65,29 +65,28 @@ class CallRecord:
 _FIELDS = tuple(f.name for f in fields(CallRecord))
 
 
-def _bytes(ids: array) -> memoryview:
-    return memoryview(ids).cast("B")
-
-
 @dataclass
 class Tail:
-    """A recorded call an episode's next call may extend."""
+    """A recorded call an episode's next call may extend: its ids packed as int32 bytes, so
+    finding the shared prefix is a memcmp."""
     call_index: int
     choice: int
-    prompt: array                   # shared by the choices of one request
-    completion: array
+    prompt: bytes                   # shared by the choices of one request
+    completion: bytes
     messages: list
     tools: list | None
 
-    def shared(self, ids: array) -> int:
+    def shared(self, ids: bytes) -> int:
         """How many tokens ``ids`` shares with this call's prompt + completion."""
-        n = common_prefix(ids, self.prompt)
-        if n == len(self.prompt):
-            n += common_prefix(ids[n:n + len(self.completion)], self.completion)
-        return n
+        if ids.startswith(self.prompt):
+            n = len(self.prompt)
+            if ids.startswith(self.completion, n):
+                return (n + len(self.completion)) // 4
+            return n // 4 + common_prefix(ids[n:n + len(self.completion)], self.completion)
+        return common_prefix(ids, self.prompt)
 
     def size(self) -> int:
-        return len(self.prompt) + len(self.completion)
+        return (len(self.prompt) + len(self.completion)) // 4
 
 
 class Tails:
@@ -123,7 +122,8 @@ class Tails:
 def encode(record: CallRecord, tails: Tails) -> tuple:
     """The record as a row of the store's ``calls`` table, referring to the recorded call of
     its episode it shares the most prompt tokens with (ties: the latest)."""
-    prompt = record.prompt_ids if isinstance(record.prompt_ids, array) else array("i", record.prompt_ids)
+    ids = record.prompt_ids
+    prompt = (ids if isinstance(ids, array) else array("i", ids)).tobytes()
     best, shared = None, 0
     for tail in tails.get(record.episode_id):
         n = tail.shared(prompt)
@@ -137,14 +137,14 @@ def encode(record: CallRecord, tails: Tails) -> tuple:
             msg_prefix += 1
     if best is not None and len(prompt) == len(best.prompt) and shared == len(prompt):
         prompt = best.prompt            # n choices of one request share their prompt's array
-    completion = array("i", record.completion_ids)
+    completion = array("i", record.completion_ids).tobytes()
     tails.push(record.episode_id, Tail(record.call_index, record.choice, prompt, completion, messages, tools))
     same_tools = best is not None and tools == best.tools
     meta = {"model": record.model, "params": record.params, "finish_reason": record.finish_reason,
             "created": record.created}
     return (record.episode_id, record.call_index, record.choice, record.role,
             best.call_index if best else None, best.choice if best else None, shared,
-            _bytes(prompt[shared:]).tobytes(), _bytes(completion).tobytes(),
+            prompt[4 * shared:], completion,
             array("f", record.logprobs).tobytes(), record.weight_version, record.temperature, msg_prefix,
             json.dumps(messages[msg_prefix:], ensure_ascii=False), None if same_tools else json.dumps(tools),
             json.dumps(meta))

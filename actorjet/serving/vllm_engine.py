@@ -48,7 +48,7 @@ class VLLMEngine(BatchingEngine):
         params = [self.SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
                                       stop=r.stop or None, seed=r.seed, logprobs=r.top_logprobs)
                   for r in reqs]
-        prompts = [{"prompt_token_ids": r.prompt_ids} for r in reqs]
+        prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in reqs]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         results = []
         for req, out in zip(reqs, outputs):
