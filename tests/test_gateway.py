@@ -252,7 +252,7 @@ def test_the_rendered_prompts_kept_stay_within_their_budget(served, monkeypatch)
     for i in range(40):
         gw._render(f"b{i}", "default", [{"role": "user", "content": f"{i:02d}+" + "1" * 40}], None)
     assert 0 < cache.first_size <= 400
-    assert cache.first_size == sum(len(k) + len(v) for k, v in cache.first.items())
+    assert cache.first_size == sum(len(k) + len(v[1]) for k, v in cache.first.items())
     huge = [{"role": "user", "content": "9" * 500}]          # alone over the budget: rendered, not kept
     assert list(gw._render("h", "default", huge, None)) == gw.tokenizer("9" * 500)["input_ids"]
     assert cache.first_size <= 400

@@ -22,6 +22,7 @@ typical use:
   actorjet top                                 a live view of the swarm (q quits)
   actorjet report RUN_DIR                      one HTML page of a run, plots embedded
   actorjet export RUN_DIR OUT                  the trained model as a Hugging Face directory
+  actorjet export-data RUN_DIR OUT.jsonl       the recorded trajectories, for `datasets`
   actorjet research run agents/studies/lr.toml  a multi-stage RL study, unattended, with its report
 """
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     monitor_cmds.add_report(sub)
     monitor_cmds.add_top(sub)
     monitor_cmds.add_export(sub)
+    monitor_cmds.add_export_data(sub)
     research_cmds.add_research(sub)
     return parser
 

@@ -83,3 +83,28 @@ def cmd_export(args) -> int:
     merged = ", LoRA merged" if info["lora_merged"] else ""
     print(f"wrote {info['out']}: model {info['model']!r} at step {info['step']} ({info['checkpoint']}{merged})")
     return 0
+
+
+def add_export_data(sub) -> None:
+    import argparse
+
+    p = sub.add_parser("export-data", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       help="write a run's recorded trajectories as JSONL or Parquet (datasets loads it)",
+                       description="One row per LLM call: messages, tools, prompt and completion ids, logprobs, "
+                       "weight version, the episode's reward and the learner step that trained it. Reads the "
+                       "episode stores of RUN_DIR and, with [train] keep_trajectories = true, the trajectories/ "
+                       "archives retention wrote before it deleted trained groups. Run it on the node that ran "
+                       "the model's subtree.",
+                       epilog="example: actorjet export-data runs/quickstart data/quickstart.jsonl\n"
+                              "then: datasets.load_dataset('json', data_files='data/quickstart.jsonl')")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
+    p.add_argument("out", metavar="OUT", help="OUT.jsonl, or OUT.parquet (needs pyarrow)")
+    p.set_defaults(func=cmd_export_data)
+
+
+def cmd_export_data(args) -> int:
+    from actorjet.serving.trajectories import export_data
+
+    info = export_data(args.run_dir, args.out)
+    print(f"wrote {info['out']}: {info['episodes']} episodes, {info['calls']} calls")
+    return 0

@@ -107,7 +107,13 @@ class EpisodeStore:
         self.buffer: list = []                   # calls added, not yet flushed
         self.counters: dict[str, int] = {}       # open episodes → their next call index
         self.tails = records_mod.Tails()             # open episodes → their latest calls (references)
-        self.closed = dict(self.db.execute(       # episode → why its key is refused
+        # episode → why its key is refused: closed ones (table ``closed``) and ended ones (a
+        # reward in ``episodes``: not written twice; after retention a forgotten key's late
+        # calls are orphans, deleted with the closed keys' calls)
+        self.closed = {e: ENDED for (e,) in self.db.execute(
+            "SELECT episode_id FROM episodes WHERE reward IS NOT NULL ORDER BY stored_at DESC LIMIT ?",
+            (MAX_CLOSED_IN_MEMORY,))}
+        self.closed.update(self.db.execute(
             "SELECT episode_id, COALESCE(cause, 'closed') FROM closed ORDER BY rowid DESC LIMIT ?",
             (MAX_CLOSED_IN_MEMORY,)))
 
@@ -248,8 +254,6 @@ class EpisodeStore:
                            [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now)
                             for e in episodes if e["episode_id"] not in refused])
             self._judge(db, group["group_id"], now)
-            db.executemany("INSERT OR IGNORE INTO closed VALUES (?, ?, ?)",
-                           [(e["episode_id"], ENDED, now) for e in episodes if e["episode_id"] not in refused])
         with self.lock:
             for e in episodes:
                 if e["episode_id"] not in refused:

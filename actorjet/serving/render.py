@@ -19,10 +19,12 @@ edits its history or changes its tools gives a text that does not start with the
 one: it is rendered whole, and recorded as it is.
 
 The first call of an episode goes through a small cache of whole renders, keyed by the
-conversation: a GRPO group sends the same first conversation once per member.
+conversation (as JSON): a GRPO group sends the same first conversation once per member, and
+a hit skips the template and the tokenizer.
 """
 from __future__ import annotations
 
+import json
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ class Renderer:
         """``verify``: also render whole on every call and raise if the two differ (tests)."""
         self.tokenizer, self.verify = tokenizer, verify
         self.states: OrderedDict[tuple, _State] = OrderedDict()
-        self.first: OrderedDict[str, list[int]] = OrderedDict()
+        self.first: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
         self.first_size = 0
         self.specials = sorted({t for t in tokenizer.all_special_tokens if t}
                                | {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
@@ -86,41 +88,51 @@ class Renderer:
         """Where the last special token ends, in the text and in the ids (None: no special
         token, or the two do not name the same token)."""
         found = max(((text.rfind(s), s) for s in self.specials), default=(-1, ""))
+        if found[0] < 0:
+            return None
         cut_ids = len(ids)
         while cut_ids > 0 and ids[cut_ids - 1] not in self.special_ids:
             cut_ids -= 1
-        if found[0] < 0 or cut_ids == 0 or ids[cut_ids - 1] != self.tokenizer.convert_tokens_to_ids(found[1]):
+        if cut_ids == 0 or ids[cut_ids - 1] != self.tokenizer.convert_tokens_to_ids(found[1]):
             return None
         return _State(text, ids, found[0] + len(found[1]), cut_ids)
 
     # -- a call ----------------------------------------------------------------------------
     def render(self, key: tuple, messages: list, tools: list | None) -> array:
         """The prompt ids of this call of conversation ``key`` (episode, role), as int32."""
-        text = self.text(messages, tools)
         state = self.states.get(key)
-        if state is not None and self.stable and text.startswith(state.text[:state.cut_text]):
-            ids = state.ids[:state.cut_ids]
-            ids.extend(self.encode(text[state.cut_text:]))
-            self.incremental += 1
-            if self.verify and list(ids) != self.encode(text):
-                raise AssertionError(f"incremental render differs from a whole render for {key}")
+        if state is None:                     # an episode's first call: maybe a group-mate's
+            text, ids = self._first(messages, tools)
+            ids = array("i", ids)
         else:
-            ids = array("i", self._first(text) if state is None else self.encode(text))
+            text = self.text(messages, tools)
+            if self.stable and text.startswith(state.text[:state.cut_text]):
+                ids = state.ids[:state.cut_ids]
+                ids.extend(self.encode(text[state.cut_text:]))
+                self.incremental += 1
+                if self.verify and list(ids) != self.encode(text):
+                    raise AssertionError(f"incremental render differs from a whole render for {key}")
+            else:
+                ids = array("i", self.encode(text))
         self._remember(key, text, ids)
         return ids
 
-    def _first(self, text: str) -> list[int]:
-        ids = self.first.get(text)
-        if ids is None:
-            ids = self.encode(text)
-            self.first[text] = ids
-            self.first_size += len(text) + len(ids)
+    def _first(self, messages: list, tools: list | None) -> tuple[str, list[int]]:
+        """(text, ids) of a conversation, from the cache when a group-mate sent it before
+        (keyed by the conversation itself: a hit skips the template too)."""
+        key = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False)
+        hit = self.first.get(key)
+        if hit is None:
+            text = self.text(messages, tools)
+            hit = (text, self.encode(text))
+            self.first[key] = hit
+            self.first_size += len(key) + len(hit[1])
             while self.first_size > FIRST_CACHE:
-                old_text, old_ids = self.first.popitem(last=False)
-                self.first_size -= len(old_text) + len(old_ids)
+                old_key, (_, old_ids) = self.first.popitem(last=False)
+                self.first_size -= len(old_key) + len(old_ids)
         else:
-            self.first.move_to_end(text)
-        return ids
+            self.first.move_to_end(key)
+        return hit
 
     def _remember(self, key: tuple, text: str, ids: array) -> None:
         state = self._state(text, ids) if self.stable else None
