@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from actorjet import signing
 
 from actorjet.serving import zoo
-from actorjet.serving.engine import GenRequest, RequestFailed, TransformersEngine
+from actorjet.serving.batching_engine import RequestFailed
+from actorjet.serving.engine import GenRequest, TransformersEngine
 from actorjet.actors.engine import engine_app
 from actorjet.serving.gateway import GatewayApp, local_backend
 from actorjet.actors.gateway import HttpEngineBackend

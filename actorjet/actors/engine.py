@@ -20,7 +20,7 @@ from aiohttp import web
 from thespian.actors import WakeupMessage
 
 from actorjet.job import model_config_here, sharing
-from actorjet.serving.engine import GenRequest, RequestFailed
+from actorjet.serving.batching_engine import GenRequest, RequestFailed
 from actorjet.serving import weights
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import endpoints, guarded

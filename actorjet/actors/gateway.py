@@ -23,7 +23,7 @@ from thespian.actors import WakeupMessage
 from actorjet.job import engine_of, model_config_here
 from actorjet.runtime import endpoints
 from actorjet.serving import episode_store
-from actorjet.serving.engine import GenRequest, GenResult
+from actorjet.serving.batching_engine import GenRequest, GenResult
 from actorjet.serving.gateway import EngineUnavailable, GatewayApp
 from actorjet.serving.openai_api import ApiError
 from actorjet.serving.serve import AppServer

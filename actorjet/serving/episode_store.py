@@ -16,9 +16,13 @@ another host's file).  Two processes open it, and nothing else travels between t
               rewind(k)        at start: groups trained after the checkpoint k, or taken and
                                never trained, are pending again (a restarted learner pulls again)
               quarantine()     a group that cannot be trained, kept with its cause
+              retain(k)        after a checkpoint at k: groups trained up to k leave the store,
+                               counted as retired (serving/store_upkeep.py)
 
-So after any crash: complete = trained + pending + quarantined, and no group is trained twice
-in the weights that survive.  WAL mode: the learner reads while the gateway writes.
+So after any crash: complete = trained (retired included) + pending + quarantined, and no
+group is trained twice in the weights that survive.  WAL mode: the learner reads while the
+gateway writes.  Calls are kept as references to the longest prefix their episode recorded
+before (serving/records.py): O(new tokens) per call.
 """
 from __future__ import annotations
 
@@ -29,7 +33,6 @@ import time
 from pathlib import Path
 
 from actorjet.rl.calls import messages, prompt_ids
-from actorjet.runtime.logs import log
 from actorjet.serving import records as records_mod
 
 COLUMNS = records_mod.ROW_COLUMNS
@@ -127,33 +130,14 @@ class EpisodeStore:
             raise UserError(f"the episode store {self.path} has format {version}, newer than this ActorJet "
                             f"reads ({FORMAT}): upgrade ActorJet, or start a new run directory")
         if "record" in old:
-            self._migrate()
+            from actorjet.serving import store_upkeep
+            store_upkeep.migrate(self)
         closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
         if closed and "cause" not in closed:
             self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
             self.db.execute("ALTER TABLE closed ADD COLUMN closed_at REAL")
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version = {FORMAT}")
-
-    def _migrate(self) -> None:
-        t0 = time.time()
-        with _Transaction(self.db, self.lock) as db:
-            db.execute("ALTER TABLE calls RENAME TO calls_v1")
-            for statement in SCHEMA.split(";"):      # executescript would commit
-                if statement.strip():
-                    db.execute(statement)
-            tails, rows, n = records_mod.Tails(), [], 0
-            for episode_id, record in db.execute("SELECT episode_id, record FROM calls_v1 "
-                                                 "ORDER BY episode_id, call_index, choice"):
-                fields = {k: v for k, v in json.loads(record).items() if k in records_mod.CallRecord.__dataclass_fields__}
-                rows.append(records_mod.encode(records_mod.CallRecord(**fields), tails))
-                n += 1
-                if len(rows) >= 1000:
-                    db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
-                    rows = []
-            db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
-            db.execute("DROP TABLE calls_v1")
-        log.info("episode store %s: %d calls migrated to format %d in %.1f s", self.path, n, FORMAT, time.time() - t0)
 
     def close_db(self) -> None:
         with self.lock:
@@ -379,58 +363,9 @@ class EpisodeStore:
                 "SELECT group_id, quarantine FROM groups WHERE quarantine IS NOT NULL")]
 
     def retain(self, step: int, archive: Path | None = None, keep_closed_s: float = 7200.0) -> dict[str, int]:
-        """Retention: the groups trained at or before ``step`` (the newest checkpoint's: a
-        restarted learner rewinds to it and never needs them) leave the store — calls, rewards
-        and group rows — and are only counted (``retired``); with ``archive``, each of their
-        episodes is first appended to that JSONL file (compact: serving/trajectories.py reads
-        it).  Freed pages go back to the file system (incremental vacuum), so the store's size
-        follows what is pending, not the length of the run.  Refused keys are remembered for
-        ``keep_closed_s`` (longer than any episode may run); calls under a key nobody knows any
-        more (a forgotten closed key used again) are deleted after that long too."""
-        self._forget_closed(keep_closed_s)
-        with self._tx() as db:
-            groups = db.execute("SELECT group_id, task_name, behavior, version, trained_step FROM groups "
-                                "WHERE trained_step IS NOT NULL AND trained_step <= ? AND quarantine IS NULL",
-                                (step,)).fetchall()
-            if not groups:
-                return {"groups": 0, "episodes": 0}
-            ids = [g[0] for g in groups]
-            episodes = 0
-            lines = []
-            for group_id, task, behavior, version, trained in groups:
-                members = db.execute("SELECT episode_id, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL",
-                                     (group_id,)).fetchall()
-                episodes += len({e for e, _ in members})
-                if archive is not None:
-                    for episode_id, reward in members:
-                        calls = self._compact([episode_id], db)[episode_id]
-                        lines.append(json.dumps({
-                            "episode_id": episode_id, "group_id": group_id, "task_name": task, "behavior": behavior,
-                            "version": version, "reward": json.loads(reward), "trained_step": trained,
-                            "calls": [records_mod.portable(c) for c in calls]}))
-            if lines:
-                Path(archive).parent.mkdir(parents=True, exist_ok=True)
-                with open(archive, "a") as f:         # before the delete commits: at worst written twice
-                    f.write("\n".join(lines) + "\n")
-                    f.flush()
-            marks = ",".join("?" * len(ids))
-            db.execute(f"DELETE FROM calls WHERE episode_id IN (SELECT episode_id FROM episodes "
-                       f"WHERE group_id IN ({marks}))", ids)
-            db.execute(f"DELETE FROM episodes WHERE group_id IN ({marks})", ids)
-            db.execute(f"DELETE FROM groups WHERE group_id IN ({marks})", ids)
-            db.execute("INSERT INTO retired VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET "
-                       "groups = groups + excluded.groups, episodes = episodes + excluded.episodes",
-                       (len(ids), episodes))
-        with self.lock:
-            self.db.execute("PRAGMA incremental_vacuum")
-        return {"groups": len(ids), "episodes": episodes}
-
-    def _forget_closed(self, keep_s: float) -> None:
-        old = time.time() - keep_s
-        with self._tx() as db:
-            db.execute("DELETE FROM closed WHERE closed_at IS NOT NULL AND closed_at < ?", (old,))
-            db.execute("DELETE FROM calls WHERE episode_id NOT IN (SELECT episode_id FROM episodes) "
-                       "AND json_extract(meta, '$.created') < ?", (old,))
+        """Retention after a checkpoint at ``step``: serving/store_upkeep.py."""
+        from actorjet.serving import store_upkeep
+        return store_upkeep.retain(self, step, archive, keep_closed_s)
 
     def counts(self) -> dict[str, int]:
         """Groups complete, trained, quarantined, pending; episodes in trained groups (what

@@ -29,7 +29,7 @@ from aiohttp import web
 from actorjet import signing
 from actorjet.serving import openai_api as api
 from actorjet.serving import tool_calls
-from actorjet.serving.engine import GenRequest, GenResult, RequestFailed
+from actorjet.serving.batching_engine import GenRequest, GenResult, RequestFailed
 from actorjet.serving.openai_api import ApiError
 from actorjet.runtime.endpoints import client_ssl
 from actorjet.serving.episode_store import EpisodeStore

@@ -11,7 +11,7 @@ new ``LoRARequest`` (vLLM caches adapters by id, so every version gets a fresh i
 from __future__ import annotations
 
 from actorjet.errors import UserError
-from actorjet.serving.engine import BatchingEngine, GenRequest, GenResult
+from actorjet.serving.batching_engine import BatchingEngine, GenRequest, GenResult
 
 
 def _load_on_worker(worker, path: str) -> None:

@@ -1,0 +1,91 @@
+"""The episode store's upkeep: retention and format migration (serving/episode_store.py).
+
+Kept apart from the store's everyday API because they run rarely and touch every table:
+``retain`` after each learner checkpoint, ``migrate`` once when an older store is opened.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from actorjet.runtime.logs import log
+from actorjet.serving import records as records_mod
+from actorjet.serving.episode_store import COLUMNS, FORMAT, SCHEMA, _Transaction
+
+
+def retain(store, step: int, archive: Path | None = None, keep_closed_s: float = 7200.0) -> dict[str, int]:
+    """Retention: the groups trained at or before ``step`` (the newest checkpoint's: a
+    restarted learner rewinds to it and never needs them) leave the store — calls, rewards
+    and group rows — and are only counted (``retired``); with ``archive``, each of their
+    episodes is first appended to that JSONL file (compact: serving/trajectories.py reads
+    it).  Freed pages go back to the file system (incremental vacuum), so the store's size
+    follows what is pending, not the length of the run.  Refused keys are remembered for
+    ``keep_closed_s`` (longer than any episode may run); calls under a key nobody knows any
+    more (a forgotten closed key used again) are deleted after that long too."""
+    forget_closed(store, keep_closed_s)
+    with store._tx() as db:
+        groups = db.execute("SELECT group_id, task_name, behavior, version, trained_step FROM groups "
+                            "WHERE trained_step IS NOT NULL AND trained_step <= ? AND quarantine IS NULL",
+                            (step,)).fetchall()
+        if not groups:
+            return {"groups": 0, "episodes": 0}
+        ids = [g[0] for g in groups]
+        episodes = 0
+        lines = []
+        for group_id, task, behavior, version, trained in groups:
+            members = db.execute("SELECT episode_id, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL",
+                                 (group_id,)).fetchall()
+            episodes += len({e for e, _ in members})
+            if archive is not None:
+                for episode_id, reward in members:
+                    calls = store._compact([episode_id], db)[episode_id]
+                    lines.append(json.dumps({
+                        "episode_id": episode_id, "group_id": group_id, "task_name": task, "behavior": behavior,
+                        "version": version, "reward": json.loads(reward), "trained_step": trained,
+                        "calls": [records_mod.portable(c) for c in calls]}))
+        if lines:
+            Path(archive).parent.mkdir(parents=True, exist_ok=True)
+            with open(archive, "a") as f:         # before the delete commits: at worst written twice
+                f.write("\n".join(lines) + "\n")
+                f.flush()
+        marks = ",".join("?" * len(ids))
+        db.execute(f"DELETE FROM calls WHERE episode_id IN (SELECT episode_id FROM episodes "
+                   f"WHERE group_id IN ({marks}))", ids)
+        db.execute(f"DELETE FROM episodes WHERE group_id IN ({marks})", ids)
+        db.execute(f"DELETE FROM groups WHERE group_id IN ({marks})", ids)
+        db.execute("INSERT INTO retired VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                   "groups = groups + excluded.groups, episodes = episodes + excluded.episodes",
+                   (len(ids), episodes))
+    with store.lock:
+        store.db.execute("PRAGMA incremental_vacuum")
+    return {"groups": len(ids), "episodes": episodes}
+
+
+def forget_closed(store, keep_s: float) -> None:
+    old = time.time() - keep_s
+    with store._tx() as db:
+        db.execute("DELETE FROM closed WHERE closed_at IS NOT NULL AND closed_at < ?", (old,))
+        db.execute("DELETE FROM calls WHERE episode_id NOT IN (SELECT episode_id FROM episodes) "
+                   "AND json_extract(meta, '$.created') < ?", (old,))
+
+
+def migrate(store) -> None:
+    t0 = time.time()
+    with _Transaction(store.db, store.lock) as db:
+        db.execute("ALTER TABLE calls RENAME TO calls_v1")
+        for statement in SCHEMA.split(";"):      # executescript would commit
+            if statement.strip():
+                db.execute(statement)
+        tails, rows, n = records_mod.Tails(), [], 0
+        for episode_id, record in db.execute("SELECT episode_id, record FROM calls_v1 "
+                                             "ORDER BY episode_id, call_index, choice"):
+            fields = {k: v for k, v in json.loads(record).items() if k in records_mod.CallRecord.__dataclass_fields__}
+            rows.append(records_mod.encode(records_mod.CallRecord(**fields), tails))
+            n += 1
+            if len(rows) >= 1000:
+                db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+                rows = []
+        db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+        db.execute("DROP TABLE calls_v1")
+    log.info("episode store %s: %d calls migrated to format %d in %.1f s", store.path, n, FORMAT, time.time() - t0)
