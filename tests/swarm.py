@@ -227,3 +227,30 @@ def pid_of(port: int, path: str) -> int | None:
     address = lookup(asys, root, path, 5)
     reply = asys.ask(address, m.Ping(), 5) if address else None
     return reply.pid if isinstance(reply, m.Pong) else None
+
+
+def recorded_calls(run: Path, model: str) -> list[dict]:
+    """Every finished episode's calls a run recorded for ``model``: still in its episode store,
+    or archived by retention (the job needs ``keep_trajectories = true``).  Compact calls
+    (actorjet/rl/calls.py): whole prompts through ``calls.prompt_ids``."""
+    from actorjet.serving.trajectories import archived, stored
+
+    out = []
+    for path, read in ((run / "trajectories" / f"{model}.jsonl", archived), (run / f"episodes-{model}.sqlite", stored)):
+        if path.exists():
+            for _, calls in read(path):
+                out += calls
+    return out
+
+
+def complete_groups(run: Path, model: str) -> set[str]:
+    """The groups complete in ``model``'s episode store, retired ones (archived: the job needs
+    ``keep_trajectories = true``) included."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(run / f"episodes-{model}.sqlite", timeout=30)) as db:
+        out = {g for (g,) in db.execute("SELECT group_id FROM groups WHERE complete_at IS NOT NULL")}
+    archive = run / "trajectories" / f"{model}.jsonl"
+    if archive.exists():
+        out |= {json.loads(line)["group_id"] for line in archive.read_text().splitlines() if line.strip()}
+    return out

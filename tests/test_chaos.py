@@ -5,11 +5,12 @@ The head and every node run on their own host (a network namespace, tests/hosts.
 import json
 import os
 import signal
-import sqlite3
 
 import pytest
 
-from swarm import REPO, wait_until
+from actorjet.serving.episode_store import EpisodeStore
+from actorjet.serving.trajectories import archived, stored
+from swarm import REPO, complete_groups, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -31,6 +32,7 @@ groups_per_step = 8
 steps = {STEPS}
 lease_timeout_s = 4.0
 episode_retries = 3
+keep_trajectories = true
 runner_concurrency = 16
 """
 
@@ -82,9 +84,8 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
     assert data["nodes_lost"] >= 1
 
     # every finished group is complete in the model's episode store, trained or pending, whole
-    db = sqlite3.connect(run / "episodes-policy.sqlite")
-    complete = {g for (g,) in db.execute("SELECT group_id FROM groups WHERE complete_at IS NOT NULL")}
-    (trained,) = db.execute("SELECT COUNT(trained_step) FROM groups WHERE complete_at IS NOT NULL").fetchone()
+    complete = complete_groups(run, "policy")          # retired (archived) ones included
+    trained = EpisodeStore(run / "episodes-policy.sqlite").counts()["trained"]
     logged = [json.loads(line)["group_id"] for line in (run / "groups.jsonl").read_text().splitlines()]
     assert len(logged) == len(set(logged)) == data["groups"]["finished"]
     assert set(logged) <= complete
@@ -95,15 +96,14 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
     # its re-runs failed too).
     assert len(complete - set(logged)) <= data["groups"]["groups_open"] + data["groups"]["dropped"]
     assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
-    members = db.execute("SELECT COUNT(DISTINCT e.member), COUNT(c.episode_id) FROM groups g JOIN episodes e "
-                         "USING (group_id) LEFT JOIN (SELECT DISTINCT episode_id FROM calls) c USING (episode_id) "
-                         "WHERE g.complete_at IS NOT NULL GROUP BY g.group_id").fetchall()
-    assert members and all(n == 8 for n, _ in members)                    # whole groups
-    assert all(with_calls >= 8 for _, with_calls in members)              # each with its recorded calls
+    members: dict[str, set] = {}      # complete group → its members with recorded calls (store + archive)
+    for path, read in ((run / "trajectories" / "policy.jsonl", archived), (run / "episodes-policy.sqlite", stored)):
+        for episode, calls in read(path):
+            if episode["group_id"] in complete and calls:
+                members.setdefault(episode["group_id"], set()).add(episode["member"])
+    assert members and all(len(m) == 8 for m in members.values())       # whole groups, each with its calls
     # the counters in status agree with the store (a rewound group is not counted twice)
-    (trained_episodes,) = db.execute("SELECT COUNT(DISTINCT group_id || '/' || member) FROM episodes WHERE "
-                                     "group_id IN (SELECT group_id FROM groups WHERE trained_step IS NOT NULL)"
-                                     ).fetchone()
+    trained_episodes = EpisodeStore(run / "episodes-policy.sqlite").counts()["episodes_trained"]
     assert data["episodes"]["trained"] == trained_episodes <= data["episodes"]["completed"]
     # every lease is accounted for: finished, dropped with a cause, or still open
     g = data["groups"]

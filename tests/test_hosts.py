@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from swarm import REPO, wait_until
+from swarm import REPO, recorded_calls, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -271,7 +271,8 @@ def test_an_engine_on_another_node_than_its_learner_gets_every_version_pushed(sw
     assert 'placement = { node = "infer" }' in ENGINE_APART_TREE and "modelbox" not in ENGINE_APART_TREE
     head, infer, worker = network.host("head"), network.host("infer"), network.host("worker")
     (tmp_path / "tree.toml").write_text(ENGINE_APART_TREE)
-    (tmp_path / "job.toml").write_text(JOB.format(steps=8, eval_every=1000))
+    (tmp_path / "job.toml").write_text(JOB.format(steps=8, eval_every=1000).replace(
+        "[train]", "[train]\nkeep_trajectories = true"))          # retention archives what it deletes
     run = tmp_path / "run"
     _, port, token = swarm.head(run, str(tmp_path / "tree.toml"), host=head,
                                 extra=["--config", str(tmp_path / "job.toml")])
@@ -287,7 +288,5 @@ def test_an_engine_on_another_node_than_its_learner_gets_every_version_pushed(sw
     assert len(received) <= 3 and received[-1] == "v000008.safetensors"            # the newest three, whole
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in line]
     assert [r["step"] for r in rows] == list(range(1, 9)) and all(r["push_s"] is not None for r in rows)
-    import sqlite3
-    served = {v for (v,) in sqlite3.connect(run / "episodes-policy.sqlite").execute(
-        "SELECT json_extract(record, '$.weight_version') FROM calls")}
+    served = {c["weight_version"] for c in recorded_calls(run, "policy")}
     assert max(served) >= 6, sorted(served)              # the engine served the versions it was pushed

@@ -2,11 +2,12 @@
 the brains of one team, each trained only on its own calls with its own reward.  The head and
 the runners' node each run on their own host (a network namespace)."""
 import json
-import sqlite3
 
 import pytest
 
-from swarm import REPO, wait_until
+from actorjet.rl.calls import prompt_ids
+from actorjet.serving.episode_store import EpisodeStore
+from swarm import REPO, recorded_calls, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -23,7 +24,8 @@ TINY_VOCAB = 21          # tiny-arith's character tokenizer
 
 
 def test_two_models_train_on_their_own_calls_and_both_learn(swarm, network, tmp_path):
-    job = (REPO / "agents" / "team.toml").read_text().replace("steps = 60", f"steps = {STEPS}")
+    job = (REPO / "agents" / "team.toml").read_text().replace("steps = 60", f"steps = {STEPS}").replace(
+        "[train]", "[train]\nkeep_trajectories = true")          # retention archives what it deletes
     (tmp_path / "team.toml").write_text(job)
     run = tmp_path / "run"
     status = start(swarm, network, run, REPO / "supervisors" / "two_models.toml", tmp_path / "team.toml")
@@ -32,12 +34,10 @@ def test_two_models_train_on_their_own_calls_and_both_learn(swarm, network, tmp_
 
     seen = {}
     for model in ("proposer", "verifier"):          # one episode store per model, with its own calls
-        db = sqlite3.connect(run / f"episodes-{model}.sqlite")
-        assert db.execute("SELECT COUNT(trained_step) FROM groups").fetchone()[0] >= STEPS
-        for (record,) in db.execute("SELECT record FROM calls"):
-            call = json.loads(record)
+        assert EpisodeStore(run / f"episodes-{model}.sqlite").counts()["trained"] >= STEPS
+        for call in recorded_calls(run, model):
             assert call["model"] == model and call["role"] == model      # only its own calls
-            seen.setdefault(model, set()).update(call["prompt_ids"] + call["completion_ids"])
+            seen.setdefault(model, set()).update(prompt_ids(call) + call["completion_ids"])
     assert max(seen["proposer"]) < TINY_VOCAB < max(seen["verifier"])        # two different tokenizers
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -84,7 +84,8 @@ SHARED_STEPS = 20
 def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(swarm, network, tmp_path):
     """agents/shared_base.toml: adder and rounder are two LoRA adapters of tiny-arith, served by
     one engine (adder's); each learner trains on its own calls and reward."""
-    job = (REPO / "agents" / "shared_base.toml").read_text().replace("steps = 60", f"steps = {SHARED_STEPS}")
+    job = (REPO / "agents" / "shared_base.toml").read_text().replace("steps = 60", f"steps = {SHARED_STEPS}").replace(
+        "[train]", "[train]\nkeep_trajectories = true")
     (tmp_path / "shared.toml").write_text(job)
     run = tmp_path / "run"
     status = start(swarm, network, run, REPO / "supervisors" / "shared_base.toml", tmp_path / "shared.toml")
@@ -93,10 +94,8 @@ def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(s
     engines = [a["path"] for a in status()["actors"] if a["path"].endswith("/engine")]
     assert engines == ["root/model.adder/engine"]                  # one engine holds the base
     for model in ("adder", "rounder"):
-        db = sqlite3.connect(run / f"episodes-{model}.sqlite")
         versions = set()
-        for (record,) in db.execute("SELECT record FROM calls"):
-            call = json.loads(record)
+        for call in recorded_calls(run, model):
             assert call["model"] == model and call["role"] == model      # only its own calls
             versions.add(call["weight_version"])
         assert max(versions) >= SHARED_STEPS // 2, (model, sorted(versions))   # served by its own learner's versions

@@ -164,6 +164,7 @@ class Gateway(ManagedActor):
             self.reported = time.monotonic()
             self.send(self.registry, m.Progress(self.model, "gateway", self.server.beats, 1))
             active, self.app.active = self.app.active, set()      # (a call in the swap is seen next time)
+            active |= set(list(self.app.calling))                   # waiting on the engine is not idle
             if active:
                 self.send(self.registry, m.EpisodeActivity(self.model, sorted(active)))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))

@@ -68,6 +68,7 @@ class GatewayApp:
         self.adapter = adapter      # base = "other": this model is that engine's adapter of this name
         self.renderer = Renderer(tokenizer)                 # chat messages → ids, O(new tokens) per call
         self.active: set[str] = set()        # episodes seen since the actor last reported them (idle limit)
+        self.calling: dict[str, int] = {}    # episodes with a call in the engine now (active too)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024,
@@ -155,15 +156,22 @@ class GatewayApp:
                            code="context_length_exceeded")
         return s.max_tokens or min(self.default_max_tokens, room)
 
-    async def _generate(self, prompt_ids, s: api.Sampling, max_tokens: int, conversation: str = "") -> list[GenResult]:
-        """``conversation`` (episode/role) lets the engine keep its KV cache for the next call."""
+    async def _generate(self, prompt_ids, s: api.Sampling, max_tokens: int, episode_id: str,
+                        conversation: str = "") -> list[GenResult]:
+        """``conversation`` (episode/role) lets the engine keep its KV cache for the next call.
+        While the engine works on it, the episode counts as active (its idle limit)."""
         self.requests += 1
         req = GenRequest(prompt_ids, max_tokens, s.temperature, s.top_p, s.stop, s.seed, s.n, s.top_logprobs,
                          self.adapter, conversation)
+        self.calling[episode_id] = self.calling.get(episode_id, 0) + 1
         try:
             results = await self.backend(req)
         except RequestFailed as e:     # failed alone while the engine works: this request's fault
             raise ApiError(400, f"the engine could not serve this request: {e}", code="invalid_request") from None
+        finally:
+            self.calling[episode_id] -= 1
+            if not self.calling[episode_id]:
+                del self.calling[episode_id]
         if results:
             self.weight_version = max(r.weight_version for r in results)
         return results
@@ -223,7 +231,7 @@ class GatewayApp:
         role = self._role(request)
         prompt_ids = self._render(episode_id, role, messages, tools)
         max_tokens = self._budget(prompt_ids, s)
-        results = await self._generate(prompt_ids, s, max_tokens, f"{episode_id}/{role}")
+        results = await self._generate(prompt_ids, s, max_tokens, episode_id, f"{episode_id}/{role}")
         await self._record(episode_id, role, prompt_ids, results, s, messages, tools)
         choices = []
         for k, r in enumerate(results):
@@ -303,7 +311,7 @@ class GatewayApp:
         if s.stream:
             raise ApiError(400, "stream is supported on /v1/chat/completions only", "stream")
         prompt_ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        results = await self._generate(prompt_ids, s, self._budget(prompt_ids, s))
+        results = await self._generate(prompt_ids, s, self._budget(prompt_ids, s), episode_id)
         await self._record(episode_id, self._role(request), prompt_ids, results,
                            s, [{"role": "prompt", "content": prompt}], None)
         n_out = sum(len(r.completion_ids) for r in results)

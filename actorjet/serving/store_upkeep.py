@@ -34,14 +34,15 @@ def retain(store, step: int, archive: Path | None = None, keep_closed_s: float =
         episodes = 0
         lines = []
         for group_id, task, behavior, version, trained in groups:
-            members = db.execute("SELECT episode_id, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL",
-                                 (group_id,)).fetchall()
-            episodes += len({e for e, _ in members})
+            members = db.execute("SELECT episode_id, reward, member FROM episodes WHERE group_id = ? "
+                                 "AND reward IS NOT NULL", (group_id,)).fetchall()
+            episodes += len({member for _, _, member in members})
             if archive is not None:
-                for episode_id, reward in members:
+                for episode_id, reward, member in members:
                     calls = store._compact([episode_id], db)[episode_id]
                     lines.append(json.dumps({
-                        "episode_id": episode_id, "group_id": group_id, "task_name": task, "behavior": behavior,
+                        "episode_id": episode_id, "group_id": group_id, "member": member, "task_name": task,
+                        "behavior": behavior,
                         "version": version, "reward": json.loads(reward), "trained_step": trained,
                         "calls": [records_mod.portable(c) for c in calls]}))
         if lines:

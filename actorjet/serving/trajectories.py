@@ -54,11 +54,12 @@ def stored(path: Path) -> Iterator[tuple[dict, list[dict]]]:
     try:
         with store.lock:
             rows = store.db.execute(
-                "SELECT e.episode_id, e.group_id, g.task_name, g.behavior, g.version, e.reward, g.trained_step "
+                "SELECT e.episode_id, e.group_id, e.member, g.task_name, g.behavior, g.version, e.reward, g.trained_step "
                 "FROM episodes e JOIN groups g USING (group_id) WHERE e.reward IS NOT NULL "
                 "ORDER BY e.stored_at").fetchall()
-        for episode_id, group_id, task, behavior, version, reward, trained in rows:
-            episode = {"episode_id": episode_id, "group_id": group_id, "task_name": task, "behavior": behavior,
+        for episode_id, group_id, member, task, behavior, version, reward, trained in rows:
+            episode = {"episode_id": episode_id, "group_id": group_id, "member": member, "task_name": task,
+                       "behavior": behavior,
                        "version": version, "reward": json.loads(reward), "trained_step": trained}
             yield episode, store._compact([episode_id])[episode_id]
     finally:
