@@ -1,6 +1,7 @@
 """What a long agent episode costs, call by call: storage, gateway CPU, engine time, learner.
 
     python bench/long_episodes.py [--label after] [--sizes 5x4096,20x16384,50x32768]
+    python bench/long_episodes.py --model smollm2-135m --sizes 15x7900 --label smollm2-after
 
 Agents of 5 / 20 / 50 turns whose context grows to 4k / 16k / 32k tokens (``tiny-long``, a
 character model with 32k positions; answers of at most 8 tokens) talk to the real gateway over
@@ -47,6 +48,7 @@ from actorjet.serving.gateway import GatewayApp, local_backend  # noqa: E402
 from actorjet.serving.serve import AppServer  # noqa: E402
 
 SECRET = "bench"
+MODEL = "tiny-long"      # --model
 WORDS = "the of and to in is for on that with as at by from this be are it an or was not".split()
 
 
@@ -104,7 +106,7 @@ def long_episode(url: str, episode_id: str, turns: int, context: int, rng: rando
         while len(text) < per_turn:
             text += rng.choice(WORDS) + " "
         messages.append({"role": "user", "content": text[:per_turn]})
-        reply = post(url, "/v1/chat/completions", {"model": "tiny-long", "messages": messages,
+        reply = post(url, "/v1/chat/completions", {"model": MODEL, "messages": messages,
                                                    "max_tokens": 8, "temperature": 1.0}, key)
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
 
@@ -121,7 +123,7 @@ def store_bytes(store: EpisodeStore) -> int:
 def measure_size(engine, turns: int, context: int, episodes: int, seed: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="long-"))
     store = EpisodeStore(tmp / "s.sqlite")
-    gw = GatewayApp("tiny-long", engine.tokenizer, local_backend(engine), SECRET, engine.max_len,
+    gw = GatewayApp(MODEL, engine.tokenizer, local_backend(engine), SECRET, engine.max_len,
                     store=store, default_max_tokens=8)
     meter = Meter(gw)
     server = AppServer(gw.app())
@@ -150,7 +152,7 @@ def measure_size(engine, turns: int, context: int, episodes: int, seed: int) -> 
         return {"drift_repairs": pack.repair_drift(calls, lambda x: tok.decode(x, skip_special_tokens=True))}
 
     t0 = time.thread_time()
-    batch = next_batch(learner, BatchConfig("tiny-long", 1, merge="tree", max_tokens=1 << 20, prepare=prepare))
+    batch = next_batch(learner, BatchConfig(MODEL, 1, merge="tree", max_tokens=1 << 20, prepare=prepare))
     learner_s = time.thread_time() - t0
     trained = batch["stats"]["tokens_after"]
     calls_per_episode = turns
@@ -215,16 +217,23 @@ def main() -> None:
     ap.add_argument("--label", default="after", help="names the results file (before | after)")
     ap.add_argument("--sizes", default="5x4096,20x16384,50x32768", help="TURNSxCONTEXT, comma-separated")
     ap.add_argument("--episodes", type=int, default=2, help="episodes per size (one GRPO group)")
+    ap.add_argument("--model", default="tiny-long", help="a zoo model: tiny-long (32k positions) or smollm2-135m (8k)")
     args = ap.parse_args()
+    global MODEL
+    MODEL = args.model
     try:
         sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
         if not sizes or any(len(s) != 2 or s[0] < 1 or not 256 <= s[1] <= zoo.LONG_POSITIONS for s in sizes):
             raise ValueError
     except ValueError:
         ap.error(f"--sizes: TURNSxCONTEXT pairs, turns >= 1, context 256..{zoo.LONG_POSITIONS}, e.g. 5x4096")
+    if args.model not in ("tiny-long", "smollm2-135m"):
+        ap.error("--model: tiny-long or smollm2-135m")
     if args.episodes < 2:
         ap.error("--episodes must be at least 2 (a GRPO group needs two rewards)")
-    engine = TransformersEngine(zoo.resolve("tiny-long"), max_batch=1)
+    engine = TransformersEngine(zoo.resolve(MODEL), max_batch=1)
+    if any(c > engine.max_len for _, c in sizes):
+        ap.error(f"--sizes: {MODEL} has {engine.max_len} positions")
     rows, results = [], []
     for turns, context in sizes:
         t0 = time.time()
@@ -240,8 +249,8 @@ def main() -> None:
     table(rows, ("episode", "last prompt", "bytes/8B", "engine s first/last", "ratio",
                  "gateway ms first/last", "ratio", "learner us/token", "wall s"))
     print(f"short calls (quickstart): gateway CPU {short['gateway_ms_per_call']:.3f} ms per call")
-    write(f"long_episodes-{args.label}", {"sizes": results, "short_calls": short,
-                                          "command": "python bench/long_episodes.py --label " + args.label})
+    write(f"long_episodes-{args.label}", {"model": MODEL, "sizes": results, "short_calls": short,
+                                          "command": " ".join(["python bench/long_episodes.py"] + sys.argv[1:])})
 
 
 if __name__ == "__main__":

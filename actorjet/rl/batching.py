@@ -150,8 +150,9 @@ def build(groups: list[dict], cfg: BatchConfig) -> dict:
                         for t, v in batch.get("by_task", {}).items()}
     batch["by_behavior"] = {tag: {"episodes": v["episodes"], "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
                             for tag, v in batch["by_behavior"].items()}
-    repairs = cfg.prepare(calls) if cfg.prepare and cfg.merge != "none" else {}
-    packed = pack.pack(calls, cfg.merge, max_tokens=cfg.max_tokens)
+    with pack.gc_paused():
+        repairs = cfg.prepare(calls) if cfg.prepare and cfg.merge != "none" else {}
+        packed = pack.pack(calls, cfg.merge, max_tokens=cfg.max_tokens)
     stats = {**batch, **pack.stats(calls, packed), "merge": cfg.merge, "sequences": len(packed),
              "drift_repairs": 0, "tools_unified": 0, "text_aligned": 0, **repairs,
              "reward_mean": sum(rewards) / max(1, len(rewards)), "created": time.time()}

@@ -26,6 +26,8 @@ exactly one term.
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from actorjet.rl.calls import by_episode, full_ids, full_len, is_chain, materialize, prompt_len, recompact, timelines
@@ -288,13 +290,28 @@ def needs_prompts(calls: list[dict], every: bool = False) -> list[list[dict]]:
 
 
 def pack(calls: list[tuple[dict, float]], mode: str, max_tokens: int | None = None) -> list[Packed]:
-    if mode == "none":
-        return pack_none(calls)
-    if mode == "prefix":
-        return pack_prefix(calls)
-    if mode == "tree":
+    if mode not in MODES:
+        raise ValueError(f"context merge mode must be one of {MODES}, got {mode!r}")
+    with gc_paused():
+        if mode == "none":
+            return pack_none(calls)
+        if mode == "prefix":
+            return pack_prefix(calls)
         return pack_tree(calls, max_tokens)
-    raise ValueError(f"context merge mode must be one of {MODES}, got {mode!r}")
+
+
+@contextmanager
+def gc_paused():
+    """The trie holds a dict per token: the cyclic garbage collector, triggered by those
+    allocations, walked them all again and again (the same 32k tokens packed in 0.07 s or
+    0.27 s depending on when it ran).  Packing and the repairs make no reference cycles."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def stats(calls: list[tuple[dict, float]], packed: list[Packed]) -> dict:
