@@ -104,6 +104,7 @@ class EpisodeStore:
         self.db.execute("PRAGMA auto_vacuum=INCREMENTAL")      # a new file: retention gives pages back
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")     # WAL + NORMAL: durable across process crashes
+        self.db.execute("PRAGMA journal_size_limit=16777216")   # the WAL file shrinks back after a checkpoint
         self.lock = threading.RLock()
         with self.lock:
             self._open_format()

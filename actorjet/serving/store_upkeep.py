@@ -58,8 +58,9 @@ def retain(store, step: int, archive: Path | None = None, keep_closed_s: float =
         db.execute("INSERT INTO retired VALUES (1, ?, ?) ON CONFLICT (id) DO UPDATE SET "
                    "groups = groups + excluded.groups, episodes = episodes + excluded.episodes",
                    (len(ids), episodes))
-    with store.lock:
-        store.db.execute("PRAGMA incremental_vacuum")
+    with store.lock:      # (a pragma that returns rows runs only as far as they are read)
+        store.db.execute("PRAGMA incremental_vacuum").fetchall()
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()     # best effort: readers may hold it
     return {"groups": len(ids), "episodes": episodes}
 
 
