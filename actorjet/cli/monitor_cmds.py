@@ -90,11 +90,11 @@ def add_export_data(sub) -> None:
 
     p = sub.add_parser("export-data", formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="write a run's recorded trajectories as JSONL or Parquet (datasets loads it)",
-                       description="One row per LLM call: messages, tools, prompt and completion ids, logprobs, "
-                       "weight version, the episode's reward and the learner step that trained it. Reads the "
-                       "episode stores of RUN_DIR and, with [train] keep_trajectories = true, the trajectories/ "
-                       "archives retention wrote before it deleted trained groups. Run it on the node that ran "
-                       "the model's subtree.",
+                       description="One row per LLM call: messages, tools, prompt and completion ids, logprobs,\n"
+                       "weight version, the episode's reward and the learner step that trained it.\n"
+                       "Reads the episode stores of RUN_DIR and, with [train] keep_trajectories = true,\n"
+                       "the trajectories/ archives retention wrote before it deleted trained groups.\n"
+                       "Run it on the node that ran the model's subtree.",
                        epilog="example: actorjet export-data runs/quickstart data/quickstart.jsonl\n"
                               "then: datasets.load_dataset('json', data_files='data/quickstart.jsonl')")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
