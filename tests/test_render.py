@@ -87,3 +87,50 @@ def test_a_tokenizer_that_strips_whitespace_after_a_special_token_renders_whole(
     for messages in conversation(random.Random(2), 4, False):
         assert list(renderer.render(("e", "a"), messages, None)) == tok(renderer.text(messages, None),
                                                                          add_special_tokens=False)["input_ids"]
+
+
+def test_long_conversations_through_the_gateway_bad_input_included():
+    """Through the real gateway and engine (tiny-long): a conversation that edits its history
+    and one whose tool list changes are recorded exactly as a whole render gives them; a
+    200k-token conversation gets a 400 naming the context limit, and nothing is stored."""
+    import openai
+
+    from actorjet import signing
+    from actorjet.serving.engine import TransformersEngine
+    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.serve import AppServer
+
+    engine = TransformersEngine(zoo.resolve("tiny-long"))
+    gw = GatewayApp("long", engine.tokenizer, local_backend(engine), "k", engine.max_len)
+    gw.renderer.verify = True                        # every incremental render checked against a whole one
+    server = AppServer(gw.app())
+    try:
+        def client(episode):
+            return openai.OpenAI(base_url=server.url + "/v1", api_key=signing.mint_key("k", episode), max_retries=0)
+
+        def whole(messages, tools=None):
+            return tok(gw.renderer.text(messages, tools), add_special_tokens=False)["input_ids"]
+
+        tok = engine.tokenizer
+        history = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x" * 3000}]
+        sent = []
+        for turn, tools in enumerate([None, None, TOOLS, TOOLS, None]):
+            if turn == 3:
+                history[1] = {"role": "user", "content": "y" * 3000}       # the agent edits its history
+            reply = client("long1").chat.completions.create(model="long", messages=history, max_tokens=4,
+                                                             **({"tools": tools} if tools else {}))
+            sent.append((list(history), tools))
+            history = history + [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                                 {"role": "user", "content": f"turn {turn} " + "z" * 500}]
+        calls = gw.store.calls(["long1"])["long1"]
+        assert [c["prompt_ids"] for c in calls] == [whole(m, t) for m, t in sent]
+        assert gw.renderer.incremental == 1         # turn 1 extends turn 0; 2-4 change the tools or the history
+        assert calls[1]["prefix"][2] > 3000         # ...and is stored as a reference to turn 0
+        with pytest.raises(openai.BadRequestError) as too_long:
+            client("long2").chat.completions.create(model="long", max_tokens=4,
+                                                   messages=[{"role": "user", "content": "w" * 200_000}])
+        assert "32768" in str(too_long.value) and "context" in str(too_long.value)
+        assert gw.store.calls(["long2"]) == {"long2": []}
+    finally:
+        server.stop()
+        engine.close()
