@@ -96,10 +96,11 @@ def post(url: str, path: str, body: dict, key: str) -> dict:
     return data
 
 
-def long_episode(url: str, episode_id: str, turns: int, context: int, rng: random.Random) -> None:
+def long_episode(url: str, episode_id: str, turns: int, context: int, rng: random.Random,
+                 chars_per_token: float = 1.0) -> None:
     """A system message, then ``turns`` user messages that grow the context to ~``context``."""
     key = signing.mint_key(SECRET, episode_id)
-    per_turn = (context - 200) // turns - 24
+    per_turn = int(((context - 200) // turns - 24) * chars_per_token)
     messages = [{"role": "system", "content": "You are an agent with a long memory. Answer briefly."}]
     for _ in range(turns):
         text = ""
@@ -109,6 +110,13 @@ def long_episode(url: str, episode_id: str, turns: int, context: int, rng: rando
         reply = post(url, "/v1/chat/completions", {"model": MODEL, "messages": messages,
                                                    "max_tokens": 8, "temperature": 1.0}, key)
         messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
+
+
+def chars_per_token(tokenizer) -> float:
+    """How many characters of the agents' words make a token (1 for tiny-long's characters)."""
+    text = " ".join(WORDS * 20)
+    ratio = len(text) / len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return 1.0 if ratio <= 1.0 else 0.9 * ratio      # a margin: words tokenize unevenly
 
 
 def store_bytes(store: EpisodeStore) -> int:
@@ -134,7 +142,7 @@ def measure_size(engine, turns: int, context: int, episodes: int, seed: int) -> 
         empty = store_bytes(store)
         ids = [f"l{turns}_{e}" for e in range(episodes)]
         for e in ids:
-            long_episode(server.url, e, turns, context, rng)
+            long_episode(server.url, e, turns, context, rng, chars_per_token(engine.tokenizer))
         store.flush()
         grown = store_bytes(store) - empty
         recorded = store.calls(ids)
