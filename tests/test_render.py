@@ -134,3 +134,15 @@ def test_long_conversations_through_the_gateway_bad_input_included():
     finally:
         server.stop()
         engine.close()
+
+
+def test_the_remembered_conversations_stay_within_their_token_budget(monkeypatch):
+    """Thousands of long open episodes must not pile up in the gateway's memory."""
+    from actorjet.serving import render as render_module
+
+    monkeypatch.setattr(render_module, "STATE_TOKENS", 2000)
+    renderer = Renderer(zoo.build_long_tokenizer())
+    for e in range(20):
+        renderer.render((f"e{e}", "a"), [{"role": "user", "content": "q" * 300}], None)
+    assert 0 < renderer.state_tokens <= 2000
+    assert renderer.state_tokens == sum(len(s.ids) for s in renderer.states.values())

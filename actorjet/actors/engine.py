@@ -80,6 +80,8 @@ def read_request(body: dict) -> GenRequest:
         if len(raw) % 4:
             raise ValueError("prompt_ids: not whole int32 values")
         ids = array("i", raw).tolist()
+    if not isinstance(body.get("cache_key", ""), str):
+        raise ValueError("cache_key: a string")
     return GenRequest(prompt_ids=ids, **body)
 
 

@@ -218,20 +218,22 @@ class LeaseDesk:
         for lease_id, lease in list(self.leases.items()):
             if now - lease["active"] > self.idle_limit + GRACE_S:
                 out += self._expire(lease_id, f"lease expired (idle): no LLM call for {self.idle_limit:g} s "
-                                              "([train] lease_timeout_s)")
+                                              "([train] lease_timeout_s)", abandon=True)
             elif now - lease["started"] > self.total_limit + GRACE_S:
                 out += self._expire(lease_id, f"lease expired (total limit): the episode ran longer than "
-                                              f"{self.total_limit:g} s ([train] episode_max_s)")
+                                              f"{self.total_limit:g} s ([train] episode_max_s)", abandon=True)
         return out
 
-    def _expire(self, lease_id: str, cause: str) -> Out:
+    def _expire(self, lease_id: str, cause: str, abandon: bool = False) -> Out:
+        """``abandon``: its runner is alive and may still be running it (a time limit, not a
+        lost runner): tell it to give up."""
         lease = self._drop(lease_id)
         if lease is None:
             return []
         self.counters.in_flight -= len(lease["members"])
         log.warning("lease %s: %s", lease_id, cause)
         out = close([e["episode_id"] for e in lease["episodes"]], cause)
-        if cause.startswith("lease expired"):      # its runner may still be running it: stop that
+        if abandon:
             out.append((("runner", lease["runner_id"]), m.AbandonLease(lease_id, cause)))
         group = self.groups.get(lease["group_id"])
         if group is not None:

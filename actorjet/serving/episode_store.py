@@ -32,7 +32,6 @@ import threading
 import time
 from pathlib import Path
 
-from actorjet.rl.calls import messages, prompt_ids
 from actorjet.serving import records as records_mod
 
 COLUMNS = records_mod.ROW_COLUMNS
@@ -183,20 +182,7 @@ class EpisodeStore:
         the rest of a CallRecord, plus ``prefix``: [call, choice, tokens] it was stored against).
         For people and tests: O(T·C) for an episode of T calls; the learner reads ``take``."""
         self.flush()
-        out = {}
-        for e, calls in self._compact(episode_ids).items():
-            whole = []
-            for c in calls:
-                ref = c["ref"]
-                whole.append({
-                    "episode_id": e, "model": c["model"], "role": c["role"], "call_index": c["call_index"],
-                    "choice": c["choice"], "prompt_ids": prompt_ids(c), "completion_ids": c["completion_ids"],
-                    "logprobs": c["logprobs"], "weight_version": c["weight_version"],
-                    "temperature": c["temperature"], "messages": messages(c), "tools": c["tools"],
-                    "params": c["params"], "finish_reason": c["finish_reason"], "created": c["created"],
-                    "prefix": [ref["call_index"], ref["choice"], c["prefix_len"]] if ref else None})
-            out[e] = whole
-        return out
+        return {e: [records_mod.whole(c) for c in calls] for e, calls in self._compact(episode_ids).items()}
 
     def _compact(self, episode_ids: list[str], db=None) -> dict[str, list[dict]]:
         with self.lock:

@@ -27,7 +27,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 
-from actorjet.rl.calls import common_prefix
+from actorjet.rl.calls import common_prefix, messages, prompt_ids
 
 assert sys.byteorder == "little", "the episode store packs ids as little-endian int32"
 
@@ -172,6 +172,20 @@ def decode(rows: list[tuple]) -> list[dict]:
             "tools": json.loads(tools) if tools is not None else (ref["tools"] if ref else None),
             "params": info["params"], "finish_reason": info["finish_reason"], "created": info["created"]}
     return list(out.values())
+
+
+def whole(call: dict) -> dict:
+    """A compact call (rl/calls.py) as a CallRecord's fields, prompt and messages whole, plus
+    ``prefix``: [call, choice, tokens] it was stored against.  O(its context): for people,
+    tests and exports, never on the training path."""
+    ref = call.get("ref")
+    return {"episode_id": call["episode_id"], "model": call["model"], "role": call["role"],
+            "call_index": call["call_index"], "choice": call["choice"], "prompt_ids": prompt_ids(call),
+            "completion_ids": list(call["completion_ids"]), "logprobs": list(call["logprobs"]),
+            "weight_version": call["weight_version"], "temperature": call["temperature"],
+            "messages": messages(call), "tools": call.get("tools"), "params": call.get("params", {}),
+            "finish_reason": call.get("finish_reason", ""), "created": call.get("created"),
+            "prefix": [ref["call_index"], ref["choice"], call["prefix_len"]] if ref else None}
 
 
 def portable(call: dict) -> dict:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from actorjet.runtime.logs import log
 from actorjet.serving import tool_calls
 
-STATES = 4096            # (episode, role) conversations remembered, least recently used dropped
+STATES = 4096            # (episode, role) conversations remembered, least recently used dropped...
+STATE_TOKENS = 32_000_000   # ...and beyond this many tokens in all (ids + text: ~160 MB)
 FIRST_CACHE = 1_000_000  # whole renders kept: characters of their keys + their tokens (~40 MB at most)
 PROBE = [{"role": "system", "content": " You help.\n"},
          {"role": "user", "content": "\n Hi  there,\tfriend"},
@@ -53,6 +54,7 @@ class Renderer:
         """``verify``: also render whole on every call and raise if the two differ (tests)."""
         self.tokenizer, self.verify = tokenizer, verify
         self.states: OrderedDict[tuple, _State] = OrderedDict()
+        self.state_tokens = 0
         self.first: OrderedDict[str, tuple[str, list[int]]] = OrderedDict()
         self.first_size = 0
         self.specials = sorted({t for t in tokenizer.all_special_tokens if t}
@@ -135,12 +137,14 @@ class Renderer:
         return hit
 
     def _remember(self, key: tuple, text: str, ids: array) -> None:
+        old = self.states.pop(key, None)
+        self.state_tokens -= len(old.ids) if old else 0
         state = self._state(text, ids) if self.stable else None
         if state is None:
-            self.states.pop(key, None)
             return
         self.states[key] = state
-        self.states.move_to_end(key)
-        while len(self.states) > STATES:
-            self.states.popitem(last=False)
+        self.state_tokens += len(ids)
+        while len(self.states) > STATES or self.state_tokens > STATE_TOKENS and len(self.states) > 1:
+            _, dropped = self.states.popitem(last=False)
+            self.state_tokens -= len(dropped.ids)
 

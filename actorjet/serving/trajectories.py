@@ -19,20 +19,20 @@ from pathlib import Path
 from typing import Iterator
 
 from actorjet.errors import UserError
-from actorjet.rl.calls import messages, prompt_ids
-from actorjet.serving.records import from_portable
+from actorjet.serving.records import from_portable, whole
 
 
 def _rows(model: str, episode: dict, calls: list[dict]) -> Iterator[dict]:
+    info = {"model": model, "group_id": episode["group_id"], "task_name": episode["task_name"],
+            "behavior": episode["behavior"], "version": episode["version"],
+            "reward": json.dumps(episode["reward"]), "trained_step": episode["trained_step"]}
     for c in calls:
-        yield {"model": model, "episode_id": episode["episode_id"], "group_id": episode["group_id"],
-               "task_name": episode["task_name"], "behavior": episode["behavior"], "version": episode["version"],
-               "role": c["role"], "call_index": c["call_index"], "choice": c["choice"],
-               "messages": json.dumps(messages(c), ensure_ascii=False), "tools": json.dumps(c.get("tools")),
-               "prompt_ids": prompt_ids(c), "completion_ids": list(c["completion_ids"]),
-               "logprobs": list(c["logprobs"]), "weight_version": c["weight_version"],
-               "temperature": c["temperature"], "finish_reason": c.get("finish_reason", ""),
-               "reward": json.dumps(episode["reward"]), "trained_step": episode["trained_step"]}
+        row = whole(c)
+        row.update(info, episode_id=episode["episode_id"], messages=json.dumps(row["messages"], ensure_ascii=False),
+                   tools=json.dumps(row["tools"]))
+        for key in ("params", "created", "prefix"):
+            row.pop(key)
+        yield row
 
 
 def archived(path: Path) -> Iterator[tuple[dict, list[dict]]]:
