@@ -16,11 +16,11 @@ from pathlib import Path
 from collections import deque
 
 from actorjet import metrics
-from actorjet.rl.rewards import bad_reward
 from actorjet import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
+from actorjet.registry.clients import ClientDesk
 from actorjet.registry.counters import Counters
-from actorjet.registry.leases import LeaseDesk, Out, close
+from actorjet.registry.leases import LeaseDesk, Out
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
 from actorjet.tensorboard_events import EventWriter
@@ -94,8 +94,7 @@ class EpisodeDesk:
         self.tb = EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
         self.batch_groups = int(train.get("groups_per_step", 1))
         self.subscribers: list = []
-        self.client_groups: dict[str, list] = {}     # client-mode group → ended episodes
-        self.client_open: dict[str, dict] = {}
+        self.clients = ClientDesk(self.counters, self.leases)     # client-mode episodes (registry/clients.py)
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
         self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
         self.finished = False
@@ -267,8 +266,7 @@ class EpisodeDesk:
         return self.route(self.leases.lost(runners, "node lost"))
 
     def tick(self) -> Out:
-        return (self.upgrades.tick() + self.route(self.leases.tick()) + self._expire_client_episodes()
-                + self._watch())
+        return self.upgrades.tick() + self.route(self.leases.tick() + self.clients.expire()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
     def on_StoreCounts(self, msg: m.StoreCounts, sender) -> Out:
@@ -316,31 +314,8 @@ class EpisodeDesk:
         """Episodes that called a model lately: their leases (and client episodes) stay alive."""
         now, ids = time.time(), [e for e in msg.episode_ids if isinstance(e, str)]
         self.leases.touch(ids, now)
-        for e in ids:
-            if e in self.client_open:
-                self.client_open[e]["active_at"] = now
+        self.clients.touch(ids, now)
         return []
-
-    def _expire_client_episodes(self, now: float | None = None) -> Out:
-        """A client-mode episode with no LLM call for lease_timeout_s, or open longer than
-        episode_max_s (its user crashed or forgot it), is aborted and closed: its key stops
-        working, with the cause, and its calls are freed."""
-        now = time.time() if now is None else now
-        idle, total = self.leases.idle_limit, self.leases.total_limit
-        out: Out = []
-        for episode_id, ev in list(self.client_open.items()):
-            if now - ev.get("active_at", ev["opened_at"]) > idle:
-                cause = f"client expired (idle): no LLM call for {idle:g} s ([train] lease_timeout_s)"
-            elif now - ev["opened_at"] > total:
-                cause = f"client expired (total limit): open longer than {total:g} s ([train] episode_max_s)"
-            else:
-                continue
-            del self.client_open[episode_id]
-            self.counters.in_flight -= 1
-            self.counters.abort(cause)
-            log.warning("client episode %s: %s", episode_id, cause)
-            out += close([episode_id], cause)
-        return self.route(out)
 
     # -- learners -----------------------------------------------------------------------
     def on_Metric(self, msg: m.Metric, sender) -> Out:
@@ -394,30 +369,7 @@ class EpisodeDesk:
         return []
 
     def on_ClientEvent(self, msg: m.ClientEvent, sender) -> Out:
-        ev = msg.event
-        if ev["event"] == "open":
-            self.client_open[ev["episode_id"]] = dict(ev, opened_at=time.time())
-            self.counters.in_flight += 1
-            return []
-        opened = self.client_open.pop(ev["episode_id"], None)
-        if opened is None:
-            return []
-        self.counters.in_flight -= 1
-        why = "client abort" if ev["event"] == "abort" else bad_reward(ev.get("reward"))
-        if why:           # (the gateway refused bad rewards already; this is the inner check)
-            self.counters.abort(why)
-            return self.route(close([ev["episode_id"]], why))
-        self.counters.completed += 1
-        group_key = opened.get("group") or ev["episode_id"]
-        size = int(opened.get("group_size") or 1)
-        members = self.client_groups.setdefault(group_key, [])
-        members.append({"episode_id": ev["episode_id"], "reward": ev["reward"]})
-        if len(members) < size:
-            return []
-        del self.client_groups[group_key]       # complete in the stores already (the gateways wrote it)
-        self.counters.groups_issued += 1
-        self.counters.groups_finished += 1
-        return []
+        return self.route(self.clients.on_event(msg.event))
 
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:
