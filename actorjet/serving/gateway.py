@@ -316,7 +316,7 @@ class GatewayApp:
                            s, [{"role": "prompt", "content": prompt}], None)
         n_out = sum(len(r.completion_ids) for r in results)
         return web.json_response({
-            "id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+            "id": api.completion_id("cmpl"), "object": "text_completion", "created": int(time.time()),
             "model": self.model,
             "choices": [{"index": k, "text": self._text(r, s.stop), "finish_reason": r.finish_reason,
                          "logprobs": None} for k, r in enumerate(results)],

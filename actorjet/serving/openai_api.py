@@ -6,8 +6,9 @@ Kept apart from the HTTP server so the rules are plain functions: a client mista
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -160,8 +161,13 @@ def parse_tools(body: dict) -> list | None:
     return tools
 
 
-def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+_ID_PREFIX = os.urandom(6).hex()    # unique per process; a counter makes each id unique within it
+_ID_COUNTER = itertools.count()
+
+
+def completion_id(kind: str = "chatcmpl") -> str:
+    """A unique response id without a system call per response (uuid4 reads /dev/urandom)."""
+    return f"{kind}-{_ID_PREFIX}{next(_ID_COUNTER):012x}"
 
 
 def chat_response(model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
