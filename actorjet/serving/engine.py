@@ -59,6 +59,10 @@ class TransformersEngine(BatchingEngine):
         self.max_len = int(getattr(self.model.config, "max_position_embeddings", 2048))
         # transformers renamed `past_key_values` to `cache` in 5.x; support both.
         self._cache_kw = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        # A prefill needs the last position's logits only: without this a 32k-token prompt of a
+        # 150k-vocabulary model would compute (and hold) 32k x 150k logits.
+        keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._last_logits = {"logits_to_keep": 1} if keep else {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.prefix_cache = PrefixCache(prefix_cache_mb)
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
@@ -130,7 +134,8 @@ class TransformersEngine(BatchingEngine):
         kv = kv if kv is not None else DynamicCache()
         new = torch.tensor([req.prompt_ids[n:]], device=self.device)
         positions = torch.arange(n, len(req.prompt_ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=new, position_ids=positions, use_cache=True, **{self._cache_kw: kv})
+        out = self.model(input_ids=new, position_ids=positions, use_cache=True, **{self._cache_kw: kv},
+                         **self._last_logits)
         results, kv = self._decode([req], [(0, 0)], out.past_key_values, out.logits[:, -1, :].float(),
                                    positions[:, -1:] + 1, None, version)
         ids = list(req.prompt_ids) + results[0][0].completion_ids[:-1]
@@ -151,7 +156,8 @@ class TransformersEngine(BatchingEngine):
             mask[b, width - len(p):] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         **self._last_logits)
         return self._decode(reqs, rows, out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1,
                             mask, version)[0]
 
