@@ -10,7 +10,9 @@ with the learner's own drift repair) builds the training batch from the store.  
 
   bytes/unique-token-8B   the store's file growth per episode ÷ (the episode's unique tokens × 8
                           bytes: one int32 id + one float32 logprob each)
-  engine s turn 1 / last  wall time of the engine's answer at the first and the last turn
+  engine s turn 1 / last  wall time of the engine's answer at the first and the last turn; beside
+                          the ratio, the same ratio of an exact forward pass's arithmetic
+                          (``call_macs``): new tokens still attend over the whole context
   gateway ms turn 1/last  CPU of the gateway's event-loop thread for the call plus its store
                           writer's CPU for that call (thread CPU time: the agent runs in another
                           thread, the engine in its own)
@@ -132,6 +134,32 @@ def store_bytes(store: EpisodeStore) -> int:
     return (pages - free) * size
 
 
+def call_macs(config, context_before: int, new: int, answer: int) -> float:
+    """Multiply-accumulates of an exact forward pass that prefills ``new`` tokens after
+    ``context_before`` cached ones and decodes ``answer`` more: the per-token projections and
+    MLP (O(new)), plus each token's attention over every position before it (O(new x context)),
+    plus the output layer for the sampled tokens only.  The floor no cache can go below."""
+    d, layers = config.hidden_size, config.num_hidden_layers
+    kv = d // config.num_attention_heads * getattr(config, "num_key_value_heads", config.num_attention_heads)
+    linear = layers * (d * (2 * d + 2 * kv) + 3 * d * config.intermediate_size)
+    tokens = new + answer
+    positions = tokens * context_before + tokens * (tokens + 1) / 2       # sum of each token's context
+    return tokens * linear + layers * 2 * d * positions + answer * d * config.vocab_size
+
+
+def macs_ratio(config, calls: list[dict]) -> float:
+    """The last call's exact-forward work ÷ the first call's, for one recorded episode."""
+    def macs(i: int) -> float:
+        c = calls[i]
+        before = 0
+        if i:
+            prev = calls[i - 1]["prompt_ids"] + calls[i - 1]["completion_ids"][:-1]
+            while before < min(len(prev), len(c["prompt_ids"])) and prev[before] == c["prompt_ids"][before]:
+                before += 1
+        return call_macs(config, before, len(c["prompt_ids"]) - before, len(c["completion_ids"]))
+    return macs(len(calls) - 1) / macs(0)
+
+
 def measure_size(engine, turns: int, context: int, episodes: int, seed: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="long-"))
     store = EpisodeStore(tmp / "s.sqlite")
@@ -152,6 +180,7 @@ def measure_size(engine, turns: int, context: int, episodes: int, seed: int) -> 
         recorded = store.calls(ids)
         unique = sum(pack.lower_bound([(c, 0.0) for c in calls]) for calls in recorded.values())
         final_prompt = max(len(c["prompt_ids"]) for calls in recorded.values() for c in calls)
+        floor = sum(macs_ratio(engine.model.config, calls) for calls in recorded.values()) / episodes
         store.put_results({"group_id": f"g{turns}", "size": episodes, "task_name": "long", "behavior": "long",
                            "version": 1},
                           [{"episode_id": e, "member": k, "reward": float(k % 2)} for k, e in enumerate(ids)])
@@ -178,7 +207,7 @@ def measure_size(engine, turns: int, context: int, episodes: int, seed: int) -> 
             "bytes_per_episode": grown / episodes,
             "bytes_ratio": grown / (unique * 8),
             "engine_s_first": mean(eng_first), "engine_s_last": mean(eng_last),
-            "engine_ratio": mean(eng_last) / mean(eng_first),
+            "engine_ratio": mean(eng_last) / mean(eng_first), "engine_macs_ratio": floor,
             "gateway_ms_first": mean(first) * 1e3, "gateway_ms_last": mean(last) * 1e3,
             "gateway_ratio": mean(last) / max(1e-9, mean(first)),
             "gateway_ms_per_turn": [round(x * 1e3, 3) for x in meter.loop_cpu[:turns]],
@@ -262,7 +291,7 @@ def main() -> None:
         r = measure_size(engine, turns, context, args.episodes, seed=turns)
         results.append(r)
         rows.append((f"{turns} turns", r["final_prompt_tokens"], f"{r['bytes_ratio']:.2f}",
-                     f"{r['engine_s_first']:.3f} / {r['engine_s_last']:.3f}", f"{r['engine_ratio']:.2f}",
+                     f"{r['engine_s_first']:.3f} / {r['engine_s_last']:.3f}", f"{r['engine_ratio']:.2f} ({r['engine_macs_ratio']:.1f})",
                      f"{r['gateway_ms_first']:.2f} / {r['gateway_ms_last']:.2f}", f"{r['gateway_ratio']:.2f}",
                      f"{r['learner_us_per_token']:.2f}", f"{time.time() - t0:.0f}"))
         print(rows[-1], flush=True)
@@ -270,6 +299,8 @@ def main() -> None:
     short = short_calls()
     table(rows, ("episode", "last prompt", "bytes/8B", "engine s first/last", "ratio",
                  "gateway ms first/last", "ratio", "learner us/token", "wall s"))
+    print("engine ratio (n): n is the exact forward's multiply-accumulates at the last turn ÷ the first,"
+          " the floor for any engine that computes exact attention")
     print(f"short calls (quickstart): gateway CPU {short['gateway_ms_per_call']:.3f} ms per call")
     write(f"long_episodes-{args.label}", {"model": MODEL, "sizes": results, "short_calls": short,
                                           "command": " ".join(["python bench/long_episodes.py"] + sys.argv[1:])})

@@ -115,3 +115,56 @@ def test_root_escalation_stops_the_head_with_a_clear_message(swarm, tmp_path, tr
     assert head.wait_exit(30) == 3
     assert "root supervisor gave up" in head.output
     wait_until(lambda: not swarm.kill_system(port), 10, what="head system gone")
+
+
+TRANSIENT_TREE = """
+id = "root"
+max_restarts = 50
+[[children]]
+id = "registry"
+kind = "registry"
+registry = true
+[[children]]
+id = "work"
+kind = "supervisor"
+max_restarts = 10
+period_s = 30
+  [[children.children]]
+  id = "t"
+  kind = "probe"
+  restart = "transient"
+  [[children.children]]
+  id = "p"
+  kind = "probe"
+  restart = "permanent"
+"""
+
+
+def test_transient_child_that_finishes_is_not_restarted_but_one_that_crashes_is(tmp_path):
+    from actorjet.runtime.probe import Finish
+    head = Head(tmp_path / "run", parse_tree(TRANSIENT_TREE), port=free_port())
+    head.start()
+    try:
+        crashed = pong(head, "work/t").pid
+        head.asys.tell(head.lookup("work/t"), m.Crash())           # a failure: restarted
+        wait_until(lambda: pong(head, "work/t").pid != crashed, 10, what="t restarted after its crash")
+        permanent = pong(head, "work/p").pid
+        head.asys.tell(head.lookup("work/p"), Finish())            # permanent: restarted even so
+        wait_until(lambda: pong(head, "work/p").pid != permanent, 10, what="p restarted after finishing")
+        finished = pong(head, "work/t").pid
+        head.asys.tell(head.lookup("work/t"), Finish())            # transient and finished: stays down
+        wait_until(lambda: head.lookup("work/t") is None, 10, what="t gone after finishing")
+        wait_until(lambda: not _alive(finished), 10, what="t's process to exit")
+        time.sleep(1.0)                                             # a restart would have come by now
+        assert head.lookup("work/t") is None
+        assert head.status()["restarts"].get("root/work/t") == 1  # the crash only
+    finally:
+        head.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

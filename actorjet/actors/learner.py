@@ -101,6 +101,7 @@ class Learner(ManagedActor):
         self._send_counts()
         self.ready: queue.Queue = queue.Queue(maxsize=1)     # the prefetched batch
         self.pulled = self.step            # batches taken (trained, training or prefetched)
+        self.pulled_lock = threading.Lock()     # the prefetcher counts up, the actor counts down
         self.directory = threading.Event()      # task weights known: only then are batches mixed
         self.stopping = threading.Event()
         self.prefetcher = guarded.start(self._prefetch, f"prefetch.{self.model_name}")
@@ -208,7 +209,9 @@ class Learner(ManagedActor):
         learner, which rewinds the store and pulls again."""
         self.directory.wait()
         while not self.stopping.is_set():
-            if self.pulled >= self.train_cfg["steps"]:
+            with self.pulled_lock:
+                enough = self.pulled >= self.train_cfg["steps"]
+            if enough:
                 self.stopping.wait(IDLE_S)
                 continue
             batch = next_batch(self.store, self.batching)
@@ -216,7 +219,8 @@ class Learner(ManagedActor):
                 self.stopping.wait(IDLE_S)
                 continue
             if batch["samples"] is not None:
-                self.pulled += 1
+                with self.pulled_lock:
+                    self.pulled += 1
             while not self.stopping.is_set():
                 try:
                     self.ready.put(batch, timeout=0.2)
@@ -277,7 +281,8 @@ class Learner(ManagedActor):
             for group_id in group_ids:
                 self.store.quarantine(group_id, f"learner: {type(e).__name__}: {e}")
                 self._quarantined(group_id, f"learner: {type(e).__name__}: {e}")
-            self.pulled -= 1
+            with self.pulled_lock:
+                self.pulled -= 1        # the prefetcher may take one more batch in its place
             self._send_counts()
             return
         t_publish = time.perf_counter()

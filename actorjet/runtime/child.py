@@ -71,6 +71,15 @@ class ManagedActor(ActorTypeDispatcher):
     def receiveUnrecognizedMessage(self, msg, sender):
         log.debug("%s ignores %r", self.path, type(msg).__name__)
 
+    def stop_normally(self) -> None:
+        """End this actor as finished, not failed: a ``transient`` child is then not restarted.
+        The supervisor marks the exit as normal and then asks the child to exit, so the mark is
+        in place before the exit notice arrives (no race between two messages)."""
+        if self.supervisor is not None:
+            self.send(self.supervisor, m.StoppingNormally(self.child_id))
+        else:
+            self.send(self.myAddress, ActorExitRequest())
+
     # -- hooks for subclasses -------------------------------------------------------------
     def on_init(self) -> None:
         """Called after (every) start with ``self.args`` and ``self.context`` set."""

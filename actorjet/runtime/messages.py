@@ -43,7 +43,8 @@ class ChildCrashed:
 
 @dataclass
 class StoppingNormally:
-    """A transient child tells its supervisor that its coming exit is not a failure."""
+    """A child asks to end as finished (ManagedActor.stop_normally): a ``transient`` child is
+    then not restarted; a ``permanent`` one still is."""
     child_id: str
 
 

@@ -55,7 +55,7 @@ class Supervisor(ManagedActor):
         self.spec = ChildSpec.from_dict(self.args["spec"])
         self.inherited = {k: v for k, v in self.args.items() if k != "spec"}
         self.addresses: dict[str, object] = {}     # child id → live address
-        self.gone: set[str] = set()                # temporary children that ended
+        self.gone: set[str] = set()                # temporary children that ended, transient ones that finished
         self.normal_exit: set[str] = set()
         self.recent: deque[float] = deque()        # restart times inside the period
         self.started_at: dict[str, float] = {}
@@ -300,7 +300,10 @@ class Supervisor(ManagedActor):
         log.warning("%s/%s crashed: %s", self.path, msg.child_id, msg.error)
 
     def receiveMsg_StoppingNormally(self, msg: m.StoppingNormally, sender):
-        self.normal_exit.add(msg.child_id)
+        """A child that finished its work (ManagedActor.stop_normally): marked, then stopped."""
+        if self.addresses.get(msg.child_id) == sender:
+            self.normal_exit.add(msg.child_id)
+            self.send(sender, ActorExitRequest())
 
     def receiveMsg_ChildRestarted(self, msg: m.ChildRestarted, sender):
         self._report_restart(msg.path)
