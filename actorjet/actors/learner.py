@@ -39,6 +39,7 @@ from actorjet.serving import episode_store, threads, weights
 from actorjet.rl import align, exact_attention, lora, pack
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
+from actorjet.rl.step import StepTimes, keep_fresh, step_record
 from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -254,6 +255,16 @@ class Learner(ManagedActor):
         counts["drift_repairs"] = pack.repair_drift(calls, lambda ids: tok.decode(ids, skip_special_tokens=True))
         return counts
 
+    def _untrainable(self, group_ids: list[str], cause: str) -> None:
+        """A batch the loss refused: its groups are quarantined with the cause, training goes on."""
+        log.error("%s: a batch cannot be trained (%s); its groups are quarantined", self.model_name, cause)
+        for group_id in group_ids:
+            self.store.quarantine(group_id, cause)
+            self._quarantined(group_id, cause)
+        with self.pulled_lock:
+            self.pulled -= 1        # the prefetcher may take one more batch in its place
+        self._send_counts()
+
     def _quarantined(self, group_id: str, cause: str) -> None:
         log.error("%s: group %s quarantined: %s", self.model_name, group_id, cause)
         self.send(self.registry, m.Quarantined(self.model_name, group_id, cause))
@@ -262,50 +273,27 @@ class Learner(ManagedActor):
         self.send(self.registry, m.StoreCounts(self.model_name, self.store.counts()))
 
     def _train(self, batch: dict) -> None:
-        t0 = time.perf_counter()
-        stats, group_ids = batch["stats"], batch["group_ids"]
-        samples, stale = [], 0
-        floor = self.version - self.train_cfg["max_staleness"]
-        for s in batch["samples"]:          # drop sampled tokens that are too old, keep the rest
-            fresh = [t for t in s["terms"] if t[4] >= floor]
-            stale += len(s["terms"]) - len(fresh)
-            if fresh:
-                samples.append(dict(s, terms=fresh))
-        staleness = [self.version - t[4] for s in samples for t in s["terms"]]
-        t_train = time.perf_counter()
+        """One step: drop stale tokens, train, publish the new weights, then tell everyone."""
+        times = StepTimes(time.perf_counter())
+        group_ids = batch["group_ids"]
+        fresh = keep_fresh(batch["samples"], self.version, self.train_cfg["max_staleness"])
+        times.trained = time.perf_counter()
         try:
-            info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model) \
-                if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+            info = grpo_step(self.model, self.optimizer, fresh.samples, self.grpo, self.pad_id, self.ref_model) \
+                if fresh.samples else {"tokens": 0, "sequences": 0, "skipped": True}
         except (BadBatch, ValueError, IndexError, TypeError) as e:   # the data's fault, not the learner's
-            log.error("%s: a batch cannot be trained (%s); its groups are quarantined", self.model_name, e)
-            for group_id in group_ids:
-                self.store.quarantine(group_id, f"learner: {type(e).__name__}: {e}")
-                self._quarantined(group_id, f"learner: {type(e).__name__}: {e}")
-            with self.pulled_lock:
-                self.pulled -= 1        # the prefetcher may take one more batch in its place
-            self._send_counts()
+            self._untrainable(group_ids, f"learner: {type(e).__name__}: {e}")
             return
-        t_publish = time.perf_counter()
+        times.published = time.perf_counter()
         self.step += 1
         self.store.trained(group_ids, self.step)
         self.version += 1
-        path = self._publish()
-        pushed_s = self._deliver(path)
+        pushed_s = self._deliver(self._publish())
+        times.done = time.perf_counter()
         done = self.step >= self.train_cfg["steps"]
-        tasks = {t: v["groups"] for t, v in stats.get("by_task", {}).items()}
-        record = {"kind": "train", "model": self.model_name, "step": self.step, "weight_version": self.version,
-                  "reward_mean": stats.get("reward_mean"), "groups": len(group_ids),
-                  "episodes": stats.get("episodes"), "zero_variance_groups": stats.get("zero_variance_groups"),
-                  "stale_tokens_dropped": stale, "staleness_mean": sum(staleness) / max(1, len(staleness)),
-                  "staleness_max": max(staleness, default=0), "step_time_s": time.perf_counter() - t0,
-                  "train_s": t_publish - t_train, "publish_s": time.perf_counter() - t_publish,
-                  "publish_bytes": self.published_bytes, "push_s": pushed_s,
-                  "batch_wait_s": time.time() - stats.get("created", time.time()),
-                  **{k: v for k, v in info.items() if k != "skipped"}}
-        record.update({k: stats[k] for k in ("calls", "merge", "sequences_before", "sequences_after",
-                                                  "tokens_before", "tokens_after", "token_ratio", "drift_repairs",
-                                                  "tools_unified", "text_aligned",
-                                                  "by_behavior", "by_task") if k in stats})
+        tasks = {t: v["groups"] for t, v in batch["stats"].get("by_task", {}).items()}
+        record = step_record(self.model_name, self.step, self.version, batch, fresh, info, times,
+                             self.published_bytes, pushed_s)
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)

@@ -57,7 +57,7 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
                 if parent >= 0:
                     mask[b, 0, i] = mask[b, 0, parent]
                 mask[b, 0, i, i] = True
-    rows = [(b, s["parents"][t[0]], s["input_ids"][t[0]], *t[1:4])
+    rows = [(b, s["parents"][t.node], s["input_ids"][t.node], t.advantage, t.old_logprob, t.temperature)
             for b, s in enumerate(samples) for t in s["terms"]]
     out = {"input_ids": ids, "position_ids": pos, "attention_mask": mask,
            "term_b": torch.tensor([r[0] for r in rows], dtype=torch.long),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from actorjet.rl.calls import by_episode, full_ids, full_len, is_chain, materialize, prompt_len, recompact, timelines
 from actorjet.rl.trie import Trie
@@ -37,12 +38,22 @@ MODES = ("none", "prefix", "tree")
 SHARE_MIN = 0.1     # tree packing keeps a subtree together when that saves >= 10% of its tokens
 
 
+class Term(NamedTuple):
+    """One sampled token's share of the loss: where it sits in its packed sample (``node``: the
+    index of the token it was sampled as), and what the loss needs of its sampling."""
+    node: int
+    advantage: float
+    old_logprob: float
+    temperature: float
+    version: int
+
+
 @dataclass
 class Packed:
     input_ids: list[int] = field(default_factory=list)
     position_ids: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
-    terms: list[tuple] = field(default_factory=list)   # (node, advantage, old_logprob, temperature, version)
+    terms: list[Term] = field(default_factory=list)
     linear: bool = True
 
     def to_dict(self) -> dict:
@@ -50,13 +61,13 @@ class Packed:
                 "terms": self.terms, "linear": self.linear}
 
 
-def _terms(call: dict, start: int, advantage: float) -> list[tuple]:
+def _terms(call: dict, start: int, advantage: float) -> list[Term]:
     temp = call["temperature"] if call["temperature"] > 0 else 1.0
-    return [(start + k, advantage, lp, temp, call["weight_version"])
+    return [Term(start + k, advantage, lp, temp, call["weight_version"])
             for k, lp in enumerate(call["logprobs"])]
 
 
-def _linear(ids: list[int], terms: list[tuple]) -> Packed:
+def _linear(ids: list[int], terms: list[Term]) -> Packed:
     return Packed(list(ids), list(range(len(ids))), list(range(-1, len(ids) - 1)), terms, True)
 
 
@@ -216,7 +227,7 @@ class _PackTrie(Trie):
         while carried is not None:                   # carried nodes sit on the path, at depth - 1
             node, carried = carried
             if terms[node]:
-                packed.terms += [(depth[node] - 1, *t) for t in terms[node]]
+                packed.terms += [Term(depth[node] - 1, *t) for t in terms[node]]
         index: dict[int, int] = {}
         stack = [(top, above)]
         while stack:
@@ -229,7 +240,7 @@ class _PackTrie(Trie):
             packed.parents.append(parent)
             if parent != i - 1:
                 packed.linear = False
-            packed.terms += [(i, *t) for t in self.terms[node]]
+            packed.terms += [Term(i, *t) for t in self.terms[node]]
             stack += [(child, d + 1) for child in reversed(list(self.children[node].values()))]
         packed.terms.sort()
         return packed

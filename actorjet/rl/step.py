@@ -1,0 +1,64 @@
+"""The learner's step as plain code: which sampled tokens are fresh enough to train on, and
+the metrics line a step leaves.  The learner actor only moves messages around these
+(actors/learner.py: pull → ``keep_fresh`` → grpo_step → publish → ``step_record``), so a reader
+and a test can follow one step without an actor system.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+# the batch statistics (rl/batching.py) that a step's metrics line carries as they are
+BATCH_STATS = ("calls", "merge", "sequences_before", "sequences_after", "tokens_before", "tokens_after",
+               "token_ratio", "drift_repairs", "tools_unified", "text_aligned", "by_behavior", "by_task")
+
+
+@dataclass
+class Fresh:
+    """The samples left after dropping tokens sampled too many versions ago."""
+    samples: list[dict]
+    dropped: int                                        # sampled tokens dropped as too old
+    staleness: list[int] = field(default_factory=list)  # versions behind, per kept token
+
+    @property
+    def staleness_mean(self) -> float:
+        return sum(self.staleness) / max(1, len(self.staleness))
+
+
+def keep_fresh(samples: list[dict], version: int, max_staleness: int) -> Fresh:
+    """Keep the terms sampled at ``version - max_staleness`` or later; a sample whose terms are
+    all too old is dropped whole (its tokens would only be context)."""
+    floor = version - max_staleness
+    kept, dropped = [], 0
+    for s in samples:
+        fresh = [t for t in s["terms"] if t.version >= floor]
+        dropped += len(s["terms"]) - len(fresh)
+        if fresh:
+            kept.append(dict(s, terms=fresh))
+    return Fresh(kept, dropped, [version - t.version for s in kept for t in s["terms"]])
+
+
+@dataclass
+class StepTimes:
+    """Wall-clock marks of one step (time.perf_counter), for its metrics line."""
+    start: float
+    trained: float = 0.0       # the optimizer step began
+    published: float = 0.0     # the optimizer step ended, publishing began
+    done: float = 0.0          # the weights were published and delivered
+
+
+def step_record(model: str, step: int, version: int, batch: dict, fresh: Fresh, info: dict,
+                times: StepTimes, publish_bytes: int, push_s: float | None) -> dict:
+    """The ``kind = "train"`` line of metrics.jsonl for one step (docs/metrics.md)."""
+    stats = batch["stats"]
+    record = {"kind": "train", "model": model, "step": step, "weight_version": version,
+              "reward_mean": stats.get("reward_mean"), "groups": len(batch["group_ids"]),
+              "episodes": stats.get("episodes"), "zero_variance_groups": stats.get("zero_variance_groups"),
+              "stale_tokens_dropped": fresh.dropped, "staleness_mean": fresh.staleness_mean,
+              "staleness_max": max(fresh.staleness, default=0), "step_time_s": times.done - times.start,
+              "train_s": times.published - times.trained, "publish_s": times.done - times.published,
+              "publish_bytes": publish_bytes, "push_s": push_s,
+              "batch_wait_s": time.time() - stats.get("created", time.time()),
+              **{k: v for k, v in info.items() if k != "skipped"}}
+    record.update({k: stats[k] for k in BATCH_STATS if k in stats})
+    return record
