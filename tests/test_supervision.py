@@ -26,6 +26,7 @@ period_s = 30
   [[children.children]]
   id = "a"
   kind = "probe"
+  restart = "{restart_a}"
   args = {{ value = 1 }}
   [[children.children]]
   id = "b"
@@ -42,9 +43,9 @@ period_s = 30
 def make_head(tmp_path):
     heads = []
 
-    def make(strategy="one_for_one", max_restarts=10):
-        head = Head(tmp_path / f"run{len(heads)}", parse_tree(TREE.format(strategy=strategy, max_restarts=max_restarts)),
-                    port=free_port())
+    def make(strategy="one_for_one", max_restarts=10, restart_a="permanent"):
+        tree = TREE.format(strategy=strategy, max_restarts=max_restarts, restart_a=restart_a)
+        head = Head(tmp_path / f"run{len(heads)}", parse_tree(tree), port=free_port())
         heads.append(head)
         head.start()
         return head
@@ -117,49 +118,23 @@ def test_root_escalation_stops_the_head_with_a_clear_message(swarm, tmp_path, tr
     wait_until(lambda: not swarm.kill_system(port), 10, what="head system gone")
 
 
-TRANSIENT_TREE = """
-id = "root"
-max_restarts = 50
-[[children]]
-id = "registry"
-kind = "registry"
-registry = true
-[[children]]
-id = "work"
-kind = "supervisor"
-max_restarts = 10
-period_s = 30
-  [[children.children]]
-  id = "t"
-  kind = "probe"
-  restart = "transient"
-  [[children.children]]
-  id = "p"
-  kind = "probe"
-  restart = "permanent"
-"""
 
-
-def test_transient_child_that_finishes_is_not_restarted_but_one_that_crashes_is(tmp_path):
+def test_transient_child_that_finishes_is_not_restarted_but_one_that_crashes_is(make_head):
     from actorjet.runtime.probe import Finish
-    head = Head(tmp_path / "run", parse_tree(TRANSIENT_TREE), port=free_port())
-    head.start()
-    try:
-        crashed = pong(head, "work/t").pid
-        head.asys.tell(head.lookup("work/t"), m.Crash())           # a failure: restarted
-        wait_until(lambda: pong(head, "work/t").pid != crashed, 10, what="t restarted after its crash")
-        permanent = pong(head, "work/p").pid
-        head.asys.tell(head.lookup("work/p"), Finish())            # permanent: restarted even so
-        wait_until(lambda: pong(head, "work/p").pid != permanent, 10, what="p restarted after finishing")
-        finished = pong(head, "work/t").pid
-        head.asys.tell(head.lookup("work/t"), Finish())            # transient and finished: stays down
-        wait_until(lambda: head.lookup("work/t") is None, 10, what="t gone after finishing")
-        wait_until(lambda: not _alive(finished), 10, what="t's process to exit")
-        time.sleep(1.0)                                             # a restart would have come by now
-        assert head.lookup("work/t") is None
-        assert head.status()["restarts"].get("root/work/t") == 1  # the crash only
-    finally:
-        head.stop()
+    head = make_head(restart_a="transient")                        # a: transient, b: permanent
+    crashed = pong(head, "work/a").pid
+    head.asys.tell(head.lookup("work/a"), m.Crash())               # a failure: restarted
+    wait_until(lambda: pong(head, "work/a").pid != crashed, 10, what="a restarted after its crash")
+    permanent = pong(head, "work/b").pid
+    head.asys.tell(head.lookup("work/b"), Finish())                # permanent: restarted even so
+    wait_until(lambda: pong(head, "work/b").pid != permanent, 10, what="b restarted after finishing")
+    finished = pong(head, "work/a").pid
+    head.asys.tell(head.lookup("work/a"), Finish())                # transient and finished: stays down
+    wait_until(lambda: head.lookup("work/a") is None, 10, what="a gone after finishing")
+    wait_until(lambda: not _alive(finished), 10, what="a's process to exit")
+    time.sleep(1.0)               # an absence: a restart (no backoff on a first one) would be here by now
+    assert head.lookup("work/a") is None
+    assert head.status()["restarts"].get("root/work/a") == 1        # the crash only
 
 
 def _alive(pid: int) -> bool:
