@@ -25,7 +25,6 @@ import asyncio
 import base64
 import itertools
 import json
-import queue
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -38,6 +37,7 @@ from actorjet.serving.serve import AppServer
 from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.inbox import Inbox
 from actorjet.signing import bearer_ok
 
 POLL_S = 0.02
@@ -108,7 +108,7 @@ class Door(ManagedActor):
         return capabilities.get("actorjet_role") == "head"
 
     def on_init(self) -> None:
-        self.inbox: queue.Queue = queue.Queue()
+        self.inbox = Inbox()                      # from the HTTP handlers
         self.waiting: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future, float]] = {}
         self.tags = itertools.count()
         self.seen: dict[str, float] = {}          # outbound runner → last request (status)
@@ -118,14 +118,8 @@ class Door(ManagedActor):
         self.log_file = Path(self.context.get("run_dir", ".")) / "logs" / "head" / "actors.log"
         port = int(self.args.get("port") or self.context.get("door_port") or 0)
         self.server = AppServer(self._app(), name="door", port=port)
-        self._announce()
+        self.announce("", {"door": self.server.url})
         self.wakeupAfter(timedelta(seconds=POLL_S))
-
-    def _announce(self) -> None:
-        self.send(self.registry, m.ServiceUp("", "door", self.server.url, self.myAddress))
-
-    def on_context(self) -> None:
-        self._announce()
 
     # -- HTTP side (the server's thread) --------------------------------------------------
     def _app(self) -> web.Application:
@@ -191,11 +185,7 @@ class Door(ManagedActor):
     # -- actor side ------------------------------------------------------------------------
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         now = time.monotonic()
-        while True:
-            try:
-                message, loop, future = self.inbox.get_nowait()
-            except queue.Empty:
-                break
+        for message, loop, future in self.inbox.drain():
             if message == "status":
                 self._status_wanted(loop, future)
                 continue

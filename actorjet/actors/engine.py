@@ -132,14 +132,7 @@ class Engine(ManagedActor):
                                          self.context["token"], endpoints.bind_host())
         guarded.start(self.receiver.serve_forever, f"weights-receiver.{self.model}", crash_process=True)
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
-        self._announce()
-
-    def _announce(self) -> None:
-        self.send(self.registry, m.ServiceUp(self.model, "engine", self.server.url, self.myAddress))
-        self.send(self.registry, m.ServiceUp(self.model, "weights", endpoints.url(self.receiver.port), self.myAddress))
-
-    def on_context(self) -> None:
-        self._announce()
+        self.announce(self.model, {"engine": self.server.url, "weights": endpoints.url(self.receiver.port)})
 
     def receiveMsg_Crash(self, msg: m.Crash, sender):
         if msg.thread:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import queue
 import time
 from array import array
 from datetime import timedelta
@@ -29,6 +28,7 @@ from actorjet.serving.openai_api import ApiError
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
+from actorjet.runtime.inbox import Inbox
 
 FLUSH_S = 0.05
 PROGRESS_S = 1.0
@@ -111,7 +111,7 @@ class Gateway(ManagedActor):
         cfg = model_config_here(job, self.model)
         tokenizer = AutoTokenizer.from_pretrained(cfg["path"])
         self.backend = HttpEngineBackend(self.context["token"])
-        self.events: queue.Queue = queue.Queue()
+        self.events = Inbox()                      # client-mode episode events from the HTTP thread
         self.base_urls: dict[str, str] = {}
         self.trainable_urls: dict[str, str] = {}
         trainable = {m["name"] for m in job["models"] if m.get("trainable", True)}
@@ -128,17 +128,9 @@ class Gateway(ManagedActor):
         # bound to this node's address and advertised as reachable from other hosts; a
         # restarted gateway comes back on the same port (runtime/endpoints.py)
         self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"], tls=True)
-        self._announce()
-        self.send(self.registry, m.Subscribe("directory"))
+        self.announce(self.model, {"gateway": self.server.url + "/v1"}, subscribe=True)
         self.reported = 0.0
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
-
-    def _announce(self) -> None:
-        self.send(self.registry, m.ServiceUp(self.model, "gateway", self.server.url + "/v1", self.myAddress))
-
-    def on_context(self) -> None:
-        self._announce()
-        self.send(self.registry, m.Subscribe("directory"))
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         engine = msg.services.get(self.engine_of, {}).get("engine")
@@ -151,11 +143,7 @@ class Gateway(ManagedActor):
         self.app.store.close([e for e in msg.episode_ids if isinstance(e, str)], str(getattr(msg, "cause", ""))[:300])
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
-        while True:
-            try:
-                event = self.events.get_nowait()
-            except queue.Empty:
-                break
+        for event in self.events.drain():
             self.send(self.registry, m.ClientEvent(dict(event, model=self.model)))
         if time.monotonic() - self.reported >= PROGRESS_S:
             # Liveness for the watchdog: the server loop's turns.  Work is always "waiting" for

@@ -98,7 +98,7 @@ class Learner(ManagedActor):
         self.evals_running: list[Future] = []
         self.eval_tokenizer = copy.deepcopy(self.tokenizer)     # a fast tokenizer is not for two threads
         self._evaluate()      # step 0: the starting checkpoint's score
-        self._announce()
+        self.announce(self.model_name, {"learner": None}, subscribe=True)
         self._send_counts()
         self.ready: queue.Queue = queue.Queue(maxsize=1)     # the prefetched batch
         self.pulled = self.step            # batches taken (trained, training or prefetched)
@@ -182,13 +182,6 @@ class Learner(ManagedActor):
             self.version = max([self.version] + published) + 1
             self._publish()
             log.info("%s resumed at step %d as weight version %d", self.model_name, self.step, self.version)
-
-    def _announce(self) -> None:
-        self.send(self.registry, m.ServiceUp(self.model_name, "learner", None, self.myAddress))
-        self.send(self.registry, m.Subscribe("directory"))
-
-    def on_context(self) -> None:
-        self._announce()
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.batching.weights = {t: v["weight"] for t, v in msg.tasks.items() if v.get("state") == "active"}

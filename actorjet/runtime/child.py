@@ -57,7 +57,24 @@ class ManagedActor(ActorTypeDispatcher):
 
     def receiveMsg_ContextUpdate(self, msg: m.ContextUpdate, sender):
         self.context.update(msg.context)
+        self._send_announcements()       # a new (restarted) registry knows nothing of them yet
         self.on_context()
+
+    def announce(self, model: str, services: dict[str, str | None], subscribe: bool = False) -> None:
+        """Tell the registry where this actor serves (``{"engine": url, ...}``; None: no URL,
+        the actor's address is what counts) and, with ``subscribe``, ask for the directory of
+        every model's services.  Repeated by itself whenever the registry changes."""
+        self._announcements = (model, dict(services), subscribe)
+        self._send_announcements()
+
+    def _send_announcements(self) -> None:
+        model, services, subscribe = getattr(self, "_announcements", ("", {}, False))
+        if self.registry is None:
+            return
+        for kind, url in services.items():
+            self.send(self.registry, m.ServiceUp(model, kind, url, self.myAddress))
+        if subscribe:
+            self.send(self.registry, m.Subscribe("directory"))
 
     def receiveMsg_Ping(self, msg: m.Ping, sender):
         self.send(sender, m.Pong(msg.nonce, os.getpid(), self.info()))
