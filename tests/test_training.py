@@ -23,12 +23,13 @@ def test_quickstart_smoke_reward_rises(tmp_path):
     # Margins from `python bench/spread.py smoke` (shipped checkpoint, 31.8% before): over 10
     # runs, 4 of them beside a busy process, accuracy after 30 steps was 65.4–70.3% and the
     # last 10 steps' mean reward beat the first 10's by +0.116…+0.147 (spread_smoke*.json).
-    assert after > before
+    assert abs(before - 31.8) < 0.1 and after >= 55.0     # the shipped checkpoint; measured minimum 65.4%
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 31))
     first, last = train[:10], train[-10:]
-    assert sum(r["reward_mean"] for r in last) > sum(r["reward_mean"] for r in first)
+    gain = (sum(r["reward_mean"] for r in last) - sum(r["reward_mean"] for r in first)) / 10
+    assert gain > 0.05, gain                     # measured +0.116 at the least
     for r in train:      # every step says what it trained on
         assert {"weight_version", "tokens", "step_time_s", "staleness_max"} <= set(r)
         assert r["staleness_max"] <= 1

@@ -32,7 +32,7 @@ from pathlib import Path
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.serving.openai_api import ApiError, error_middleware
+from actorjet.serving.openai_api import ApiError, error_middleware, read_json
 from actorjet.serving.serve import AppServer
 from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
@@ -136,13 +136,7 @@ class Door(ManagedActor):
         if not bearer_ok(auth, self.context["token"]):
             raise ApiError(401, "the door needs the cluster token: 'Authorization: Bearer <token>'",
                            code="invalid_api_key", kind="authentication_error")
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return body
+        return await read_json(request)
 
     async def _leases(self, request):
         runner_id, max_groups, versions = check_lease_request(await self._body(request))

@@ -23,7 +23,8 @@ from actorjet.job import engine_of, model_config_here
 from actorjet.runtime import endpoints
 from actorjet.serving import episode_store
 from actorjet.serving.batching_engine import GenRequest, GenResult
-from actorjet.serving.gateway import EngineUnavailable, GatewayApp
+from actorjet.serving.gateway import GatewayApp
+from actorjet.serving.openai_api import EngineUnavailable
 from actorjet.serving.openai_api import ApiError
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m

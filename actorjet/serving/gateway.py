@@ -19,32 +19,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable
 
-import aiohttp
 from aiohttp import web
 
 from actorjet import signing
 from actorjet.serving import openai_api as api
 from actorjet.serving import tool_calls
 from actorjet.serving.batching_engine import GenRequest, GenResult, RequestFailed
-from actorjet.serving.openai_api import ApiError
-from actorjet.runtime.endpoints import client_ssl
+from actorjet.serving.episode_routes import EpisodeRoutes
+from actorjet.serving.openai_api import ApiError, EngineUnavailable
 from actorjet.serving.episode_store import EpisodeStore
 from actorjet.serving.records import CallRecord
 from actorjet.serving.render import Renderer
-from actorjet.serving.results_api import check_results
-from actorjet.rl.rewards import bad_reward
 from actorjet.signing import bearer_ok
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
-
-
-class EngineUnavailable(Exception):
-    """The engine cannot answer right now (restarting): clients get a retryable 503."""
 
 
 class GatewayApp:
@@ -78,9 +70,10 @@ class GatewayApp:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model_info)
         app.router.add_get("/healthz", self.health)
-        app.router.add_post("/v1/actorjet/episodes", self.open_episode)
-        app.router.add_post("/v1/actorjet/episodes/{episode}/{verb}", self.end_episode)
-        app.router.add_post("/v1/actorjet/results", self.results)
+        episodes = EpisodeRoutes(self)
+        app.router.add_post("/v1/actorjet/episodes", episodes.open_episode)
+        app.router.add_post("/v1/actorjet/episodes/{episode}/{verb}", episodes.end_episode)
+        app.router.add_post("/v1/actorjet/results", episodes.results)
         return app
 
     def _translate(self, e: Exception) -> ApiError | None:
@@ -112,13 +105,7 @@ class GatewayApp:
             raise ApiError(403, "this endpoint needs the cluster token", kind="permission_error")
 
     async def _json(self, request) -> dict:
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise ApiError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return body
+        return await api.read_json(request)
 
     def _role(self, request) -> str:
         role = request.headers.get("X-ActorJet-Role", "default")
@@ -337,84 +324,6 @@ class GatewayApp:
     async def health(self, request):
         return web.json_response({"ok": True, "model": self.model, "weight_version": self.weight_version,
                                   "open_episodes": self.store.open_episodes()})
-
-    # -- results and client mode -----------------------------------------------------------
-    async def results(self, request):
-        """Finished episodes of one group, each proven by its own key: their rewards complete
-        the group in this model's store.  A runner posts here before it tells the registry, so
-        an episode the registry counts as finished is on disk.  Closed episodes are refused
-        (named in the answer); the call is idempotent.  A frozen model stores nothing."""
-        group, clean = check_results(await self._json(request), self.secret)
-        if not self.record:
-            return web.json_response({"stored": 0, "refused": []})
-        refused = await asyncio.get_running_loop().run_in_executor(
-            self.writer, self.store.put_results, group, clean)
-        return web.json_response({"stored": len(clean) - len(refused), "refused": refused})
-
-    async def open_episode(self, request):
-        self._cluster(request)
-        body = await self._json(request) if request.can_read_body else {}
-        group, size = body.get("group"), body.get("group_size", 1)
-        if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 200):
-            raise ApiError(400, "'group' must be a string of 1 to 200 characters (or absent)", "group")
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024:
-            raise ApiError(400, "'group_size' must be an integer from 1 to 1024", "group_size")
-        if len(json.dumps(body.get("task"))) > 100_000:
-            raise ApiError(400, "'task' is over 100 kB of JSON", "task")
-        episode_id = f"c{uuid.uuid4().hex[:16]}"
-        key = signing.mint_key(self.secret, episode_id)
-        await asyncio.get_running_loop().run_in_executor(
-            self.writer, self.store.open_client, episode_id, f"c_{group or episode_id}", size)
-        self.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
-                     "group": body.get("group"), "group_size": body.get("group_size", 1)})
-        return web.json_response({"episode_id": episode_id, "api_key": key, "model": self.model,
-                                  "base_urls": self.directory()})
-
-    async def end_episode(self, request):
-        """A client ends (reward) or aborts its episode.  The reward goes to this model's store
-        and to every other trainable model's, since the episode may have called them too."""
-        episode_id, verb = request.match_info["episode"], request.match_info["verb"]
-        if verb not in ("end", "abort"):
-            raise web.HTTPNotFound()
-        if self._episode(request) != episode_id:
-            raise ApiError(403, "this key belongs to another episode", kind="permission_error")
-        body = await self._json(request) if request.can_read_body else {}
-        reward = body.get("reward")
-        why = bad_reward(reward) if verb == "end" else ""
-        if why:      # NaN, infinity, a string, a nested object: refused here, never a poisoned batch
-            raise ApiError(400, f"'reward': {why.removeprefix('invalid reward: ')}; e.g. 1.0 or "
-                           "{\"proposer\": 1.0}", "reward")
-        loop = asyncio.get_running_loop()
-        if verb == "abort":           # nothing will train on it: refuse its key, free its calls now
-            await loop.run_in_executor(self.writer, self.store.close, [episode_id])
-        else:
-            known = await loop.run_in_executor(self.writer, self.store.client_group, episode_id)
-            if known is None:
-                raise ApiError(409, f"episode {episode_id} was opened at another gateway: end it there",
-                               code="wrong_gateway")
-            group = {"group_id": known[0], "size": known[1], "task_name": "client", "behavior": "client",
-                     "version": 0}
-            episode = {"episode_id": episode_id, "member": episode_id, "reward": reward}
-            if self.record:
-                await loop.run_in_executor(self.writer, self.store.put_results, group, [episode])
-            await self._tell_peers(group, dict(episode, api_key=request.headers["Authorization"][7:].strip()))
-        self.outbox({"event": verb, "episode_id": episode_id, "reward": reward})
-        return web.json_response({"ok": True})
-
-    async def _tell_peers(self, group: dict, episode: dict) -> None:
-        for name, url in self.peers().items():
-            if name == self.model:
-                continue
-            try:
-                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-                    async with session.post(url.removesuffix("/v1") + "/v1/actorjet/results",
-                                            json={"group": group, "episodes": [episode]},
-                                            ssl=client_ssl() or True) as resp:
-                        if resp.status != 200:
-                            raise EngineUnavailable(f"the gateway of {name} answered {resp.status}")
-            except aiohttp.ClientError as e:
-                raise EngineUnavailable(f"the gateway of {name} cannot store this episode's reward ({e})") from None
-
 
 def local_backend(engine) -> Backend:
     """Call an in-process TransformersEngine (tests, benchmarks, single-process use)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,21 @@ def error_middleware(service: str, translate=lambda e: None):
             return web.json_response(err.body(), status=err.status, headers=err.headers)
     return errors
 
+
+
+class EngineUnavailable(Exception):
+    """The engine (or a peer gateway) cannot answer right now (restarting): a retryable 503."""
+
+
+async def read_json(request: web.Request) -> dict:
+    """A request's body as a JSON object, or a 400 that says what is wrong with it."""
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
 
 @dataclass
 class Sampling:
