@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import actorjet  # noqa: E402,F401
 from actorjet.cli.behavior_cmds import pickle_behavior, send  # noqa: E402
 from actorjet.behaviors import sign_upload  # noqa: E402
-from actorjet.runtime import messages as m  # noqa: E402
+from actorjet.registry import protocol as proto
 from actorjet.runtime.head import attach_root, status  # noqa: E402
 import hosts  # noqa: E402
 from common import table, write  # noqa: E402
@@ -146,7 +146,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
         tag = "AB"[k % 2]
         blob, source = blobs[tag]
         t0 = time.perf_counter()
-        reply, took, behind = send(port, token, m.Upgrade(sign_upload(token, "arithmetic", blob, source)), 30, 30)
+        reply, took, behind = send(port, token, proto.Upgrade(sign_upload(token, "arithmetic", blob, source)), 30, 30)
         elapsed = time.perf_counter() - t0
         if not reply.ok or behind:
             raise RuntimeError(f"upgrade {k} failed: {reply.error or behind}")
@@ -156,7 +156,7 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
               file=sys.stderr)
         time.sleep(args.dwell)
     # rollback to the version before, and check its code is what runs afterwards
-    reply, _, behind = send(port, token, m.Rollback("arithmetic"), 15, 30)
+    reply, _, behind = send(port, token, proto.Rollback("arithmetic"), 15, 30)
     rolled_to = reply.version
     log_lines = (tmp / "ran.log").read_text().count("\n")
     time.sleep(args.dwell)
@@ -168,8 +168,8 @@ def operate(port: int, token: str, tmp: Path, args) -> dict:
     good = sign_upload(token, "arithmetic", b"\x80\x04N.", "bench")
     refused = 0
     for upload in (dict(good, blob=b"\x80\x04X."), sign_upload("other", "arithmetic", b"\x80\x04N.", ""), b"\x80\x04N."):
-        r = asys.ask(registry, m.Upgrade(upload), 10)
-        refused += int(isinstance(r, m.UpgradeReply) and not r.ok)
+        r = asys.ask(registry, proto.Upgrade(upload), 10)
+        refused += int(isinstance(r, proto.UpgradeReply) and not r.ok)
     time.sleep(3)       # let the last groups finish
     data = get()
     pushes = [p for p in data["upgrades"] if p["version"] in tag_of_version]

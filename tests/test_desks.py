@@ -7,6 +7,7 @@ import time
 from actorjet import behaviors
 from actorjet.registry.episodes import EpisodeDesk
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 
 TOKEN = "k"
 
@@ -20,22 +21,22 @@ def make_desk(group_size=2, retries=1, timeout=60.0) -> EpisodeDesk:
     for model, kind, address in (("policy", "gateway", "gw"), ("policy", "learner", "learner")):
         desk.on_ServiceUp(m.ServiceUp(model, kind, f"http://{address}", address), None)
     desk.runners = [{"id": "r", "placed": True}, {"id": "r2", "placed": True}]
-    (out,) = desk.on_LeaseRequest(m.LeaseRequest("r", 1, {"t": 1}), "addr-r")
+    (out,) = desk.on_LeaseRequest(proto.LeaseRequest("r", 1, {"t": 1}), "addr-r")
     assert out[1].reason == "models not ready"          # no engine behind the gateway yet: no lease
     desk.on_ServiceUp(m.ServiceUp("policy", "engine", "http://engine", "engine"), None)
     return desk
 
 
 def lease(desk, runner="r") -> dict:
-    (out,) = desk.on_LeaseRequest(m.LeaseRequest(runner, 1, {"t": 1}), f"addr-{runner}")
+    (out,) = desk.on_LeaseRequest(proto.LeaseRequest(runner, 1, {"t": 1}), f"addr-{runner}")
     to, msg = out
-    assert to == f"addr-{runner}" and isinstance(msg, m.Leases), msg
+    assert to == f"addr-{runner}" and isinstance(msg, proto.Leases), msg
     (one,) = msg.leases
     return one
 
 
-def result(lease, ok=lambda k: True, reward=1.0) -> m.GroupResult:
-    return m.GroupResult("r", lease["lease_id"], [
+def result(lease, ok=lambda k: True, reward=1.0) -> proto.GroupResult:
+    return proto.GroupResult("r", lease["lease_id"], [
         {"episode_id": e["episode_id"], "reward": reward} if ok(k) else
         {"episode_id": e["episode_id"], "reward": None, "error": "ValueError: env crashed"}
         for k, e in enumerate(lease["episodes"])])
@@ -46,7 +47,7 @@ def sent(out, kind, to=None) -> list:
 
 
 def closed(out) -> list[str]:
-    return [e for msg in sent(out, m.CloseEpisodes, to="gw") for e in msg.episode_ids]
+    return [e for msg in sent(out, proto.CloseEpisodes, to="gw") for e in msg.episode_ids]
 
 
 def test_a_failed_member_is_run_again_in_its_place_and_the_group_finishes_whole():
@@ -67,7 +68,7 @@ def test_a_failed_member_is_run_again_in_its_place_and_the_group_finishes_whole(
 def test_failed_expired_and_badly_rewarded_episodes_are_closed_at_the_gateways():
     desk = make_desk(retries=1)
     first = lease(desk)
-    nan = m.GroupResult("r", first["lease_id"], [{"episode_id": first["episodes"][0]["episode_id"], "reward": 1.0},
+    nan = proto.GroupResult("r", first["lease_id"], [{"episode_id": first["episodes"][0]["episode_id"], "reward": 1.0},
                                                  {"episode_id": first["episodes"][1]["episode_id"],
                                                   "reward": float("nan")}])
     assert closed(desk.on_GroupResult(nan, "r")) == [first["episodes"][1]["episode_id"]]   # the bad one only
@@ -107,34 +108,34 @@ def test_an_episode_that_keeps_calling_outlives_the_idle_limit_but_not_the_total
     (stored,) = desk.leases.leases.values()
     start = stored["started"]
     for t in range(0, 600, 30):                      # a call every 30 s for 10 minutes
-        desk.on_EpisodeActivity(m.EpisodeActivity("policy", [first["episodes"][0]["episode_id"]]), "gw")
+        desk.on_EpisodeActivity(proto.EpisodeActivity("policy", [first["episodes"][0]["episode_id"]]), "gw")
         stored["active"] = start + t                 # (the registry stamps with its clock: simulated)
         assert desk.leases.tick(now=start + t + 1) == []
     out = desk.leases.tick(now=start + 600 + 63)      # then silence past the idle limit + grace
-    (msg,) = [x for _, x in out if isinstance(x, m.CloseEpisodes)]
+    (msg,) = [x for _, x in out if isinstance(x, proto.CloseEpisodes)]
     assert "idle" in msg.cause and "lease_timeout_s" in msg.cause
     assert desk.counters.abort_causes == {"lease expired (idle)": 2}
     routed = desk.route(out)                           # and its runner is told to give up on it now
-    assert [(to, x.lease_id) for to, x in routed if isinstance(x, m.AbandonLease)] == [("addr-r", first["lease_id"])]
+    assert [(to, x.lease_id) for to, x in routed if isinstance(x, proto.AbandonLease)] == [("addr-r", first["lease_id"])]
     again = lease(desk, "r2")
     for stored in desk.leases.leases.values():
         stored["active"] = stored["started"] + 1100   # busy all along, but past episode_max_s
     out = desk.leases.tick(now=stored["started"] + 1101)
-    assert "total limit" in [x for _, x in out if isinstance(x, m.CloseEpisodes)][0].cause
+    assert "total limit" in [x for _, x in out if isinstance(x, proto.CloseEpisodes)][0].cause
     assert again["timeout_s"] == 1000.0 and again["idle_s"] == 60.0    # the runner gives up at the total limit
 
 
 def test_client_mode_groups_and_the_counts_they_move():
     desk = make_desk()
     for k in range(2):
-        desk.on_ClientEvent(m.ClientEvent({"event": "open", "episode_id": f"c{k}", "group": "G", "group_size": 2}), "gw")
+        desk.on_ClientEvent(proto.ClientEvent({"event": "open", "episode_id": f"c{k}", "group": "G", "group_size": 2}), "gw")
     assert desk.counters.in_flight == 2
-    assert desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c0", "reward": 1.0}), "gw") == []
+    assert desk.on_ClientEvent(proto.ClientEvent({"event": "end", "episode_id": "c0", "reward": 1.0}), "gw") == []
     assert desk.counters.groups_finished == 0
-    assert desk.on_ClientEvent(m.ClientEvent({"event": "end", "episode_id": "c1", "reward": 0.0}), "gw") == []
+    assert desk.on_ClientEvent(proto.ClientEvent({"event": "end", "episode_id": "c1", "reward": 0.0}), "gw") == []
     assert desk.counters.groups_finished == 1        # the gateways' stores hold the group (test_store.py)
-    desk.on_ClientEvent(m.ClientEvent({"event": "open", "episode_id": "c9"}), "gw")
-    assert closed(desk.on_ClientEvent(m.ClientEvent({"event": "abort", "episode_id": "c9"}), "gw")) == ["c9"]
+    desk.on_ClientEvent(proto.ClientEvent({"event": "open", "episode_id": "c9"}), "gw")
+    assert closed(desk.on_ClientEvent(proto.ClientEvent({"event": "abort", "episode_id": "c9"}), "gw")) == ["c9"]
     c = desk.counters
     assert (c.in_flight, c.completed, c.aborted, c.groups_finished) == (0, 2, 1, 1)
 
@@ -143,17 +144,17 @@ def test_an_upgrade_reaches_every_live_runner_and_rollback_is_idempotent():
     desk = make_desk()
     lease(desk, "r"), lease(desk, "r2")          # both runners asked for work: their addresses are known
     blob = behaviors.pickle_function(*_behavior())
-    out = desk.handlers()[m.Upgrade](m.Upgrade(behaviors.sign_upload(TOKEN, "t", blob, "v2.py")), "cli")
-    updates = {addr for addr, msg in out if isinstance(msg, m.BehaviorUpdate)}
-    (reply,) = sent(out, m.UpgradeReply, to="cli")
+    out = desk.handlers()[proto.Upgrade](proto.Upgrade(behaviors.sign_upload(TOKEN, "t", blob, "v2.py")), "cli")
+    updates = {addr for addr, msg in out if isinstance(msg, proto.BehaviorUpdate)}
+    (reply,) = sent(out, proto.UpgradeReply, to="cli")
     assert updates == {"addr-r", "addr-r2"} and reply.ok and reply.version == 2 and desk.sources[0].version == 2
-    desk.handlers()[m.BehaviorLoaded](m.BehaviorLoaded("r", "t", 2, ""), "addr-r")
+    desk.handlers()[proto.BehaviorLoaded](proto.BehaviorLoaded("r", "t", 2, ""), "addr-r")
     assert desk.upgrades.status(desk.placed_runners())[0]["runners"] == 1
-    (back,) = sent(desk.handlers()[m.Rollback](m.Rollback("t", 1), "cli"), m.UpgradeReply)
-    (again,) = sent(desk.handlers()[m.Rollback](m.Rollback("t", 1), "cli"), m.UpgradeReply)
+    (back,) = sent(desk.handlers()[proto.Rollback](proto.Rollback("t", 1), "cli"), proto.UpgradeReply)
+    (again,) = sent(desk.handlers()[proto.Rollback](proto.Rollback("t", 1), "cli"), proto.UpgradeReply)
     assert back.ok and again.ok and desk.sources[0].version == 1
     forged = behaviors.sign_upload("another token", "t", blob)
-    (refused,) = sent(desk.handlers()[m.Upgrade](m.Upgrade(forged), "cli"), m.UpgradeReply)
+    (refused,) = sent(desk.handlers()[proto.Upgrade](proto.Upgrade(forged), "cli"), proto.UpgradeReply)
     assert not refused.ok and "signature" in refused.error
 
 

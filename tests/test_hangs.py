@@ -95,7 +95,7 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     """Alive but stuck: the engine's batcher asleep, then the gateway's server loop blocked.
     Each is named in status, logged and restarted (a new PID in `status --actors`), and
     training finishes.  Runner states in status say what the runner is doing."""
-    from actorjet.runtime import messages as m
+    from actorjet.registry import protocol as proto
     from actorjet.runtime.head import attach_root, lookup, status as head_status
 
     (tmp_path / "job.toml").write_text(tiny_arith(steps=24, train="stall_s = 4.0"))
@@ -117,7 +117,7 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
 
     asys, root = attach_root(port)
     for child, healed in (("engine", 1), ("gateway", 2)):
-        asys.tell(lookup(asys, root, f"model.policy/{child}"), m.Stall(600))     # alive, answering, stuck
+        asys.tell(lookup(asys, root, f"model.policy/{child}"), proto.Stall(600))     # alive, answering, stuck
         seen = wait_until(lambda: (s := status())["stalled"] and s, 20, interval_s=0.2,
                           what=f"the {child} stall named in status")
         assert f"policy/{child}" in seen["stalled"] and seen["watchdog"].startswith(f"stalled: policy/{child}")

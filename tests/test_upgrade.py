@@ -61,6 +61,7 @@ import sys
 import actorjet
 from actorjet.behaviors import sign_upload
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.head import attach_root, lookup
 port, token = int(sys.argv[1]), sys.argv[2]
 asys, root = attach_root(port, token)
@@ -68,8 +69,8 @@ registry = lookup(asys, root, "registry")
 good = sign_upload(token, "arithmetic", b"\\x80\\x04N.", "test")
 flipped = dict(good, blob=b"\\x80\\x04X.")
 for upload in (flipped, sign_upload("other-key", "arithmetic", b"\\x80\\x04N.", ""), b"\\x80\\x04N."):
-    reply = asys.ask(registry, m.Upgrade(upload), 10)
-    assert isinstance(reply, m.UpgradeReply) and not reply.ok and "refused" in reply.error, reply
+    reply = asys.ask(registry, proto.Upgrade(upload), 10)
+    assert isinstance(reply, proto.UpgradeReply) and not reply.ok and "refused" in reply.error, reply
 print("all refused")
 """
 

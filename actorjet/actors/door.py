@@ -36,6 +36,7 @@ from actorjet.serving.openai_api import ApiError, error_middleware, read_json
 from actorjet.serving.serve import AppServer
 from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.inbox import Inbox
 from actorjet.signing import bearer_ok
@@ -66,7 +67,7 @@ def check_lease_request(body: dict) -> tuple[str, int, dict]:
     return f"outbound:{runner_id}", max_groups, versions
 
 
-def check_results(body: dict) -> m.GroupResult:
+def check_results(body: dict) -> proto.GroupResult:
     runner_id, lease_id = _check_id(body, "runner_id"), _check_id(body, "lease_id")
     results = body.get("results")
     if not isinstance(results, list) or not results:
@@ -84,7 +85,7 @@ def check_results(body: dict) -> m.GroupResult:
         if why:
             raise ApiError(400, f"results[{i}].reward: {why} (or null: a failed episode)", "results")
         clean.append({"episode_id": episode_id, "reward": reward, **({"error": error[:2000]} if error else {})})
-    return m.GroupResult(f"outbound:{runner_id}", lease_id, clean)
+    return proto.GroupResult(f"outbound:{runner_id}", lease_id, clean)
 
 
 def last_errors(log_file: Path, n: int = 8) -> list[str]:
@@ -141,12 +142,12 @@ class Door(ManagedActor):
     async def _leases(self, request):
         runner_id, max_groups, versions = check_lease_request(await self._body(request))
         future = asyncio.get_running_loop().create_future()
-        self.inbox.put((m.LeaseRequest(runner_id, max_groups, versions), asyncio.get_running_loop(), future))
+        self.inbox.put((proto.LeaseRequest(runner_id, max_groups, versions), asyncio.get_running_loop(), future))
         try:
             answer = await asyncio.wait_for(future, ASK_TIMEOUT_S)
         except asyncio.TimeoutError:
             return web.json_response({"leases": [], "behaviors": {}, "retry_s": 1.0, "reason": "registry busy"})
-        if isinstance(answer, m.NoWork):
+        if isinstance(answer, proto.NoWork):
             return web.json_response({"leases": [], "behaviors": {}, "retry_s": answer.retry_s,
                                       "reason": answer.reason})
         return web.json_response({"leases": answer.leases, "retry_s": 0,
@@ -183,7 +184,7 @@ class Door(ManagedActor):
             if message == "status":
                 self._status_wanted(loop, future)
                 continue
-            if isinstance(message, m.LeaseRequest):
+            if isinstance(message, proto.LeaseRequest):
                 message.tag = str(next(self.tags))
                 self.waiting[message.tag] = (loop, future, now)
                 self.seen[message.runner_id] = time.time()
@@ -201,10 +202,10 @@ class Door(ManagedActor):
         if loop is not None:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(msg))
 
-    def receiveMsg_Leases(self, msg: m.Leases, sender):
+    def receiveMsg_Leases(self, msg: proto.Leases, sender):
         self._answer(msg)
 
-    def receiveMsg_NoWork(self, msg: m.NoWork, sender):
+    def receiveMsg_NoWork(self, msg: proto.NoWork, sender):
         self._answer(msg)
 
     def _status_wanted(self, loop, future) -> None:

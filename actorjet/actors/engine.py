@@ -25,6 +25,7 @@ from actorjet.serving import weights
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.signing import bearer_ok
 
@@ -143,13 +144,13 @@ class Engine(ManagedActor):
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         """Progress for the registry's watchdog: batches done, requests waiting."""
         if self.registry is not None:
-            self.send(self.registry, m.Progress(self.model, "engine", self.engine.batches, self.engine.waiting()))
+            self.send(self.registry, proto.Progress(self.model, "engine", self.engine.batches, self.engine.waiting()))
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
 
-    def receiveMsg_Stall(self, msg: m.Stall, sender):
+    def receiveMsg_Stall(self, msg: proto.Stall, sender):
         self.engine.stall_thread(msg.seconds)
 
-    def receiveMsg_LoadWeights(self, msg: m.LoadWeights, sender):
+    def receiveMsg_LoadWeights(self, msg: proto.LoadWeights, sender):
         self.engine.load_weights(msg.version, msg.path, msg.adapter)
 
     def on_stop(self) -> None:

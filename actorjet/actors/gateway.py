@@ -28,6 +28,7 @@ from actorjet.serving.openai_api import EngineUnavailable
 from actorjet.serving.openai_api import ApiError
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.inbox import Inbox
 
@@ -139,26 +140,26 @@ class Gateway(ManagedActor):
         self.base_urls = {name: s["gateway"]["url"] for name, s in msg.services.items() if "gateway" in s}
         self.trainable_urls = {k: v for k, v in self.base_urls.items() if k in self.trainable}
 
-    def receiveMsg_CloseEpisodes(self, msg: m.CloseEpisodes, sender):
+    def receiveMsg_CloseEpisodes(self, msg: proto.CloseEpisodes, sender):
         """Episodes that will never be trained: refuse their keys, free their calls."""
         self.app.store.close([e for e in msg.episode_ids if isinstance(e, str)], str(getattr(msg, "cause", ""))[:300])
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         for event in self.events.drain():
-            self.send(self.registry, m.ClientEvent(dict(event, model=self.model)))
+            self.send(self.registry, proto.ClientEvent(dict(event, model=self.model)))
         if time.monotonic() - self.reported >= PROGRESS_S:
             # Liveness for the watchdog: the server loop's turns.  Work is always "waiting" for
             # a gateway (its loop must keep turning); a request stuck in the engine is the
             # engine's stall, not the gateway's, so completions would be the wrong measure.
             self.reported = time.monotonic()
-            self.send(self.registry, m.Progress(self.model, "gateway", self.server.beats, 1))
+            self.send(self.registry, proto.Progress(self.model, "gateway", self.server.beats, 1))
             active, self.app.active = self.app.active, set()      # (a call in the swap is seen next time)
             active |= set(list(self.app.calling))                   # waiting on the engine is not idle
             if active:
-                self.send(self.registry, m.EpisodeActivity(self.model, sorted(active)))
+                self.send(self.registry, proto.EpisodeActivity(self.model, sorted(active)))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
 
-    def receiveMsg_Stall(self, msg: m.Stall, sender):
+    def receiveMsg_Stall(self, msg: proto.Stall, sender):
         self.server.block(msg.seconds)
 
     def on_stop(self) -> None:

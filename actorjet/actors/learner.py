@@ -42,6 +42,7 @@ from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
 from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
 
@@ -146,7 +147,7 @@ class Learner(ManagedActor):
             seconds = time.perf_counter() - t0
             log.info("%s: pushed v%d (%.1f MB) to the engine at %s in %.3f s", self.model_name, self.version,
                      path.stat().st_size / 1e6, self.weights_url, seconds)
-        self.send(self.engine, m.LoadWeights(self.version, target, self.adapter))
+        self.send(self.engine, proto.LoadWeights(self.version, target, self.adapter))
         return seconds
 
     def _load_kwargs(self) -> dict:
@@ -260,10 +261,10 @@ class Learner(ManagedActor):
 
     def _quarantined(self, group_id: str, cause: str) -> None:
         log.error("%s: group %s quarantined: %s", self.model_name, group_id, cause)
-        self.send(self.registry, m.Quarantined(self.model_name, group_id, cause))
+        self.send(self.registry, proto.Quarantined(self.model_name, group_id, cause))
 
     def _send_counts(self) -> None:
-        self.send(self.registry, m.StoreCounts(self.model_name, self.store.counts()))
+        self.send(self.registry, proto.StoreCounts(self.model_name, self.store.counts()))
 
     def _train(self, batch: dict) -> None:
         """One step: drop stale tokens, train, publish the new weights, then tell everyone."""
@@ -290,7 +291,7 @@ class Learner(ManagedActor):
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)
-        self.send(self.registry, m.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks,
+        self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks,
                                            evaluating=done and bool(self.evals_running)))
         self._send_counts()
         if self.step % self.cfg["checkpoint_every"] == 0 or done:
@@ -330,7 +331,7 @@ class Learner(ManagedActor):
                 self._metric(record)
                 log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, record["step"],
                          record["task"], record["accuracy"])
-            self.send(self.registry, m.Evaluated(self.model_name, records[0]["step"]))
+            self.send(self.registry, proto.Evaluated(self.model_name, records[0]["step"]))
 
     def _metric(self, record: dict) -> None:
         """metrics.jsonl is the head's (the registry writes it): this node may be another."""

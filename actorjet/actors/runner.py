@@ -27,6 +27,7 @@ from actorjet.runner.episode import load_behavior, run_episode
 from actorjet.runner.results import store_results
 from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
 from actorjet.runtime.node import NODE_AGENT_NAME, NodeAgent, on_node
@@ -58,7 +59,7 @@ class AgentRunner(ManagedActor):
         self.behaviors: dict[str, dict[int, object]] = {}   # name → {version: function}
         self.current: dict[str, int] = {}                    # name → version new leases get
         self.groups: dict[str, tuple[dict, list[Future]]] = {}
-        self.canaries: dict[str, tuple[m.Canary, list[Future], object]] = {}
+        self.canaries: dict[str, tuple[proto.Canary, list[Future], object]] = {}
         self.hung: list[Future] = []
         self.isolation = train.get("isolation", "thread")           # thread | process (worker.py)
         self.task_memory_mb = float(train.get("task_memory_mb", 0))
@@ -91,12 +92,12 @@ class AgentRunner(ManagedActor):
             busy: dict[str, int] = {}
             for lease, _ in self.groups.values():
                 busy[lease["task_name"]] = busy.get(lease["task_name"], 0) + 1
-            msg = m.LeaseRequest(self.runner_id, per_task * 8, dict(self.current), per_task, busy)
+            msg = proto.LeaseRequest(self.runner_id, per_task * 8, dict(self.current), per_task, busy)
         else:
             free = self._free()
             if free <= 0:
                 return
-            msg = m.LeaseRequest(self.runner_id, max(1, free), dict(self.current))
+            msg = proto.LeaseRequest(self.runner_id, max(1, free), dict(self.current))
         self.waiting_for_leases = True
         self.send(self.registry, msg)
 
@@ -116,7 +117,7 @@ class AgentRunner(ManagedActor):
         self.current[payload["name"]] = payload["version"]
         return ""
 
-    def receiveMsg_BehaviorUpdate(self, msg: m.BehaviorUpdate, sender):
+    def receiveMsg_BehaviorUpdate(self, msg: proto.BehaviorUpdate, sender):
         """Swap between episodes: new leases get the new version; episodes in flight finish
         on their old one (policy finish) or are reported aborted at once (policy abort)."""
         name, version = msg.payload.get("name"), msg.payload.get("version")
@@ -127,15 +128,15 @@ class AgentRunner(ManagedActor):
                     del self.groups[lease_id]     # the threads finish on their own; results ignored
                     results = [failed(ep["episode_id"], f"upgrade abort: {name} v{version} replaced v{lease['version']}")
                                for ep in lease["episodes"]]
-                    self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
-        self.send(sender, m.BehaviorLoaded(self.runner_id, str(name), int(version or 0), error))
+                    self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
+        self.send(sender, proto.BehaviorLoaded(self.runner_id, str(name), int(version or 0), error))
         self._ask_for_work()
 
-    def receiveMsg_Canary(self, msg: m.Canary, sender):
+    def receiveMsg_Canary(self, msg: proto.Canary, sender):
         name, version = msg.payload.get("name"), msg.payload.get("version")
         fn, error, tb = load_behavior(msg.payload)
         if fn is None:
-            self.send(sender, m.CanaryResult(self.runner_id, name, version, False, error, tb))
+            self.send(sender, proto.CanaryResult(self.runner_id, name, version, False, error, tb))
             return
         lease = msg.lease
         futures = [self.pool.submit(run_episode, fn, task, lease["urls"], ep)
@@ -150,12 +151,12 @@ class AgentRunner(ManagedActor):
             del self.canaries[group_id]
             results = [f.result() for f in futures]
             failed = next((r for r in results if r.get("error")), None)
-            self.send(reply_to, m.CanaryResult(
+            self.send(reply_to, proto.CanaryResult(
                 self.runner_id, msg.payload["name"], msg.payload["version"], failed is None,
                 failed["error"] if failed else "", failed.get("traceback", "") if failed else "",
                 [r["reward"] for r in results]))
 
-    def receiveMsg_Leases(self, msg: m.Leases, sender):
+    def receiveMsg_Leases(self, msg: proto.Leases, sender):
         self.waiting_for_leases = False
         for payload in msg.behaviors.values():
             self._install(payload)
@@ -164,7 +165,7 @@ class AgentRunner(ManagedActor):
             if fn is None:
                 results = [failed(ep["episode_id"], f"behavior {lease['behavior']} v{lease['version']} "
                                   "could not be loaded here") for ep in lease["episodes"]]
-                self.send(self.registry, m.GroupResult(self.runner_id, lease["lease_id"], results))
+                self.send(self.registry, proto.GroupResult(self.runner_id, lease["lease_id"], results))
                 continue
             if self.isolation == "process":
                 worker = self.workers.get(lease["task_name"])
@@ -180,14 +181,14 @@ class AgentRunner(ManagedActor):
         self._poll_soon()
         self._ask_for_work()
 
-    def receiveMsg_AbandonLease(self, msg: m.AbandonLease, sender):
+    def receiveMsg_AbandonLease(self, msg: proto.AbandonLease, sender):
         """The registry expired this lease (idle or over its total limit): give up on it now."""
         held = self.groups.get(msg.lease_id)
         if held is not None:
             held[0]["give_up_at"], held[0]["abandoned"] = 0.0, str(msg.cause)[:200]
             self._poll_soon(0)
 
-    def receiveMsg_NoWork(self, msg: m.NoWork, sender):
+    def receiveMsg_NoWork(self, msg: proto.NoWork, sender):
         self.waiting_for_leases = False
         self.retry_at = time.monotonic() + msg.retry_s
         self._poll_soon(msg.retry_s)
@@ -227,7 +228,7 @@ class AgentRunner(ManagedActor):
                 del self.reporting[lease_id]
                 results = stored.result()
                 self.episodes_done += len(results)
-                self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
+                self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
         self._check_health()
         self._ask_for_work()
         if self.groups or self.canaries or self.reporting or not self.waiting_for_leases:
@@ -263,7 +264,7 @@ class AgentRunner(ManagedActor):
             return
         for lease_id, (lease, _) in list(self.groups.items()):
             results = [failed(ep["episode_id"], f"runner restarted: {reason}") for ep in lease["episodes"]]
-            self.send(self.registry, m.GroupResult(self.runner_id, lease_id, results))
+            self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
         self.groups.clear()
         raise RuntimeError(f"runner {self.runner_id} restarts because {reason}")
 

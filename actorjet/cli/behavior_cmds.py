@@ -16,6 +16,7 @@ from pathlib import Path
 
 from actorjet.errors import UserError
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 
 EXAMPLES = """\
 examples:
@@ -133,11 +134,11 @@ def wait_for_runners(asys, registry, name: str, version: int, timeout_s: float) 
         time.sleep(0.05)
 
 
-def send(port: int, token: str, msg, timeout_s: float, wait_s: float) -> tuple[m.UpgradeReply, float, list[str]]:
+def send(port: int, token: str, msg, timeout_s: float, wait_s: float) -> tuple[proto.UpgradeReply, float, list[str]]:
     """Send an Upgrade/Rollback; (reply, seconds until all runners ran it, runners behind)."""
     asys, registry = _registry(port, token)
     reply = asys.ask(registry, msg, timeout_s)
-    if not isinstance(reply, m.UpgradeReply):
+    if not isinstance(reply, proto.UpgradeReply):
         raise UserError(f"the registry did not answer within {timeout_s:g} s")
     if not reply.ok:
         return reply, 0.0, []
@@ -145,7 +146,7 @@ def send(port: int, token: str, msg, timeout_s: float, wait_s: float) -> tuple[m
     return reply, took, behind
 
 
-def _report(reply: m.UpgradeReply, took: float, behind: list[str], what: str) -> int:
+def _report(reply: proto.UpgradeReply, took: float, behind: list[str], what: str) -> int:
     if not reply.ok:
         if reply.traceback:
             print(reply.traceback.rstrip(), file=sys.stderr)
@@ -168,7 +169,7 @@ def cmd_upgrade(args) -> int:
     upload = sign_upload(head_token(args), args.name, blob, source)
     if args.canary:
         print(f"running {args.canary} canary episode{'s' * (args.canary != 1)} of the new code…", flush=True)
-    msg = m.Upgrade(upload, args.canary, args.policy, args.timeout)
+    msg = proto.Upgrade(upload, args.canary, args.policy, args.timeout)
     reply, took, behind = send(*head_address(args), msg, args.timeout + 10, args.timeout)
     return _report(reply, took, behind, "upgrade")
 
@@ -176,5 +177,5 @@ def cmd_upgrade(args) -> int:
 def cmd_rollback(args) -> int:
     from actorjet.cli.node_cmds import head_address
 
-    reply, took, behind = send(*head_address(args), m.Rollback(args.name, args.to, args.policy), 15, args.timeout)
+    reply, took, behind = send(*head_address(args), proto.Rollback(args.name, args.to, args.policy), 15, args.timeout)
     return _report(reply, took, behind, "rollback")

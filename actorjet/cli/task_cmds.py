@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from actorjet.errors import UserError
-from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 
 EXAMPLES = """\
 examples:
@@ -43,8 +43,8 @@ def cmd_task(args) -> int:
             raise UserError("--weight must be > 0")
         config = {"source": args.source, "behavior": args.behavior, "weight": args.weight}
     asys, registry = _registry(*head_address(args))
-    reply = asys.ask(registry, m.TaskCommand(args.action, args.name, config), 30)
-    if not isinstance(reply, m.TaskReply):
+    reply = asys.ask(registry, proto.TaskCommand(args.action, args.name, config), 30)
+    if not isinstance(reply, proto.TaskReply):
         raise UserError("the registry did not answer within 30 s")
     if not reply.ok:
         raise UserError(reply.error)

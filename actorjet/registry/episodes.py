@@ -25,6 +25,7 @@ from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
 from actorjet.tensorboard_events import EventWriter
 from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
 
 QUIET_RUNNER_S = 10.0     # a placed runner that asked for no work this long is named in status
@@ -104,16 +105,16 @@ class EpisodeDesk:
         """Message type → handler(msg, sender) → [(address, message)]."""
         u = self.upgrades
         return {
-            m.ServiceUp: self.on_ServiceUp, m.TaskCommand: self.on_TaskCommand,
-            m.LeaseRequest: self.on_LeaseRequest, m.GroupResult: self.on_GroupResult,
-            m.RunnerDown: self.on_RunnerDown, m.StoreCounts: self.on_StoreCounts, m.Progress: self.on_Progress, m.Metric: self.on_Metric,
-            m.Trained: self.on_Trained, m.Evaluated: self.on_Evaluated,
-            m.Quarantined: self.on_Quarantined, m.ClientEvent: self.on_ClientEvent,
-            m.EpisodeActivity: self.on_EpisodeActivity,
-            m.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
-            m.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
-            m.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
-            m.BehaviorLoaded: lambda msg, sender: u.behavior_loaded(msg),
+            m.ServiceUp: self.on_ServiceUp, proto.TaskCommand: self.on_TaskCommand,
+            proto.LeaseRequest: self.on_LeaseRequest, proto.GroupResult: self.on_GroupResult,
+            m.RunnerDown: self.on_RunnerDown, proto.StoreCounts: self.on_StoreCounts, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
+            proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
+            proto.Quarantined: self.on_Quarantined, proto.ClientEvent: self.on_ClientEvent,
+            proto.EpisodeActivity: self.on_EpisodeActivity,
+            proto.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
+            proto.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
+            proto.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
+            proto.BehaviorLoaded: lambda msg, sender: u.behavior_loaded(msg),
         }
 
     def route(self, out: Out) -> Out:
@@ -150,7 +151,7 @@ class EpisodeDesk:
         return {s.name: {"weight": s.weight, "state": s.state, "issued": s.issued} for s in self.sources}
 
     # -- cocktail: tasks added, paused, resumed, removed while training runs ---------------
-    def on_TaskCommand(self, msg: m.TaskCommand, sender) -> Out:
+    def on_TaskCommand(self, msg: proto.TaskCommand, sender) -> Out:
         source = self.source(msg.name)
         error = ""
         if msg.action == "add":
@@ -175,7 +176,7 @@ class EpisodeDesk:
         else:
             error = f"unknown action {msg.action!r}"
         out = [] if error else self._publish()
-        return out + [(sender, m.TaskReply(not error, error, self.task_table()))]
+        return out + [(sender, proto.TaskReply(not error, error, self.task_table()))]
 
     def gateway_urls(self) -> dict[str, str]:
         return {name: s["gateway"]["url"] for name, s in self.services.items() if "gateway" in s}
@@ -198,7 +199,7 @@ class EpisodeDesk:
         return {r: self.runner_addr[r] for r in self.placed_runners() if r in self.runner_addr}
 
     # -- leases (leases.py) -----------------------------------------------------------------
-    def on_LeaseRequest(self, msg: m.LeaseRequest, sender) -> Out:
+    def on_LeaseRequest(self, msg: proto.LeaseRequest, sender) -> Out:
         urls = self.gateway_urls()
         self.runner_addr[msg.runner_id] = sender
         self.upgrades.runner_versions[msg.runner_id] = dict(msg.behaviors)
@@ -216,11 +217,11 @@ class EpisodeDesk:
             if msg.behaviors.get(lease["behavior"]) != lease["version"]:
                 source = self.source(lease["behavior"]) or self.removed[lease["behavior"]]   # removed: retries finish
                 payloads[lease["behavior"]] = source.payload_for(lease["version"], self.store)
-        return [(sender, m.Leases(leases, payloads, msg.tag))]
+        return [(sender, proto.Leases(leases, payloads, msg.tag))]
 
-    def _no_work(self, msg: m.LeaseRequest, sender, retry_s: float, reason: str) -> Out:
+    def _no_work(self, msg: proto.LeaseRequest, sender, retry_s: float, reason: str) -> Out:
         self.runner_asked[msg.runner_id] = (time.time(), reason)
-        return [(sender, m.NoWork(retry_s, reason, msg.tag))]
+        return [(sender, proto.NoWork(retry_s, reason, msg.tag))]
 
     def runner_state(self, row: dict, now: float) -> str:
         """What a runner is doing, from what the registry sees of it: its leases, and how its
@@ -244,7 +245,7 @@ class EpisodeDesk:
         return {t: min((v.get("consumed_by_task", {}).get(t, 0) for v in self.models.values()), default=0)
                 for t in names}
 
-    def on_GroupResult(self, msg: m.GroupResult, sender) -> Out:
+    def on_GroupResult(self, msg: proto.GroupResult, sender) -> Out:
         out = self.route(self.leases.on_result(msg))
         self._log_groups()
         return out
@@ -269,13 +270,13 @@ class EpisodeDesk:
         return self.upgrades.tick() + self.route(self.leases.tick() + self.clients.expire()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
-    def on_StoreCounts(self, msg: m.StoreCounts, sender) -> Out:
+    def on_StoreCounts(self, msg: proto.StoreCounts, sender) -> Out:
         """A learner's counts of its model's episode store (status: episodes.trained)."""
         if isinstance(msg.counts, dict):
             self.store_counts[str(msg.model)] = dict(msg.counts)
         return []
 
-    def on_Progress(self, msg: m.Progress, sender) -> Out:
+    def on_Progress(self, msg: proto.Progress, sender) -> Out:
         self.watchdog.progress(f"{msg.model}/{msg.kind}", msg.count, msg.waiting, sender, time.time())
         return []
 
@@ -310,7 +311,7 @@ class EpisodeDesk:
             return "waiting for runners (join a node, or start the head with --slots)"
         return "training"
 
-    def on_EpisodeActivity(self, msg: m.EpisodeActivity, sender) -> Out:
+    def on_EpisodeActivity(self, msg: proto.EpisodeActivity, sender) -> Out:
         """Episodes that called a model lately: their leases (and client episodes) stay alive."""
         now, ids = time.time(), [e for e in msg.episode_ids if isinstance(e, str)]
         self.leases.touch(ids, now)
@@ -332,14 +333,14 @@ class EpisodeDesk:
             self.accuracy.setdefault(model, {})[str(msg.record.get("task", ""))] = msg.record.get("accuracy")
         return []
 
-    def on_Evaluated(self, msg: m.Evaluated, sender) -> Out:
+    def on_Evaluated(self, msg: proto.Evaluated, sender) -> Out:
         info = self.models.get(msg.model, {})
         if info.get("evaluating_step") is not None and msg.step == info["evaluating_step"]:
             info["evaluating_step"] = None
             self.finished = True
         return []
 
-    def on_Trained(self, msg: m.Trained, sender) -> Out:
+    def on_Trained(self, msg: proto.Trained, sender) -> Out:
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)
         info["consumed"] += msg.groups
@@ -364,11 +365,11 @@ class EpisodeDesk:
             self.tb.write(record)
 
     # -- client mode ----------------------------------------------------------------------
-    def on_Quarantined(self, msg: m.Quarantined, sender) -> Out:
+    def on_Quarantined(self, msg: proto.Quarantined, sender) -> Out:
         self.counters.quarantine(msg.cause)
         return []
 
-    def on_ClientEvent(self, msg: m.ClientEvent, sender) -> Out:
+    def on_ClientEvent(self, msg: proto.ClientEvent, sender) -> Out:
         return self.route(self.clients.on_event(msg.event))
 
     # -- status ---------------------------------------------------------------------------

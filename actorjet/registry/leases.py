@@ -30,7 +30,7 @@ from collections import deque
 from actorjet import signing
 from actorjet.registry.counters import Counters
 from actorjet.rl.rewards import bad_reward
-from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
 
 Out = list[tuple[object, object]]    # (address or role, message)
@@ -41,7 +41,7 @@ GRACE_S = 2.0      # the runner gives up on an episode at its timeout; the regis
 def close(episode_ids: list[str], cause: str = "") -> Out:
     """Episodes that will never be trained: every gateway refuses their keys (saying ``cause``)
     and frees their calls."""
-    return [("gateways", m.CloseEpisodes(list(episode_ids), cause))] if episode_ids else []
+    return [("gateways", proto.CloseEpisodes(list(episode_ids), cause))] if episode_ids else []
 
 
 class LeaseDesk:
@@ -144,7 +144,7 @@ class LeaseDesk:
                 lease["active"] = now
 
     # -- results --------------------------------------------------------------------------
-    def on_result(self, msg: m.GroupResult) -> Out:
+    def on_result(self, msg: proto.GroupResult) -> Out:
         lease = self._drop(msg.lease_id)
         if lease is None:
             self.counters.late_results += 1
@@ -234,7 +234,7 @@ class LeaseDesk:
         log.warning("lease %s: %s", lease_id, cause)
         out = close([e["episode_id"] for e in lease["episodes"]], cause)
         if abandon:
-            out.append((("runner", lease["runner_id"]), m.AbandonLease(lease_id, cause)))
+            out.append((("runner", lease["runner_id"]), proto.AbandonLease(lease_id, cause)))
         group = self.groups.get(lease["group_id"])
         if group is not None:
             out += self._failed(group, lease["members"], cause)

@@ -22,7 +22,7 @@ import time
 from actorjet import signing
 from actorjet import behaviors
 from actorjet.registry.behavior_store import BehaviorStore
-from actorjet.runtime import messages as m
+from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
 
 Out = list[tuple[object, object]]
@@ -43,10 +43,10 @@ class UpgradeDesk:
 
     @staticmethod
     def _reply(to, **kw) -> Out:
-        return [(to, m.UpgradeReply(**kw))] if to is not None else []
+        return [(to, proto.UpgradeReply(**kw))] if to is not None else []
 
     # -- upgrade ------------------------------------------------------------------------
-    def upgrade(self, msg: m.Upgrade, sender, runners: dict, urls: dict) -> Out:
+    def upgrade(self, msg: proto.Upgrade, sender, runners: dict, urls: dict) -> Out:
         upload = msg.upload
         name = upload.get("name") if isinstance(upload, dict) else None
         reason = behaviors.check_upload(self.token, upload)
@@ -78,9 +78,9 @@ class UpgradeDesk:
         self.canaries[name] = {"version": version, "policy": msg.policy, "reply_to": sender,
                                "runner_id": runner, "deadline": time.time() + msg.timeout_s}
         log.info("canary of %s v%d: %d episodes on %s", name, version, msg.canary, runner)
-        return [(runners[runner], m.Canary(payload, lease))]
+        return [(runners[runner], proto.Canary(payload, lease))]
 
-    def canary_result(self, msg: m.CanaryResult, runners: dict) -> Out:
+    def canary_result(self, msg: proto.CanaryResult, runners: dict) -> Out:
         canary = self.canaries.get(msg.name)
         if canary is None or canary["version"] != msg.version:
             return []               # timed out already
@@ -106,7 +106,7 @@ class UpgradeDesk:
         return out
 
     # -- rollback -----------------------------------------------------------------------
-    def rollback(self, msg: m.Rollback, sender, runners: dict) -> Out:
+    def rollback(self, msg: proto.Rollback, sender, runners: dict) -> Out:
         source = self.source(msg.name)
         if source is None:
             return self._reply(sender, ok=False, name=msg.name, error=f"no task named {msg.name!r}")
@@ -129,14 +129,14 @@ class UpgradeDesk:
         self.store.activate(name, version)
         source = self.source(name)
         source.set_version(version, self.store.blob(name, version))
-        out: Out = [(address, m.BehaviorUpdate(source.payload, policy)) for address in runners.values()]
+        out: Out = [(address, proto.BehaviorUpdate(source.payload, policy)) for address in runners.values()]
         self.pushes.append({"name": name, "version": version, "at": time.time(), "runners": list(runners),
                             "acked": {}})
         self.pushes = self.pushes[-50:]
         log.info("%s v%d is current; pushed to %d runners (policy %s)", name, version, len(runners), policy)
         return out + self._reply(reply_to, ok=True, name=name, version=version, runners=list(runners))
 
-    def behavior_loaded(self, msg: m.BehaviorLoaded) -> Out:
+    def behavior_loaded(self, msg: proto.BehaviorLoaded) -> Out:
         if msg.error:
             self.load_errors[(msg.name, msg.version)] = {"runner": msg.runner_id, "error": msg.error}
             log.error("%s could not load %s v%d: %s", msg.runner_id, msg.name, msg.version, msg.error)

@@ -1,0 +1,215 @@
+"""The messages of the registry's desks: work (leases, results, training progress), live
+upgrades and the task table.  Spoken by the registry, the learner, gateway, engine, runner
+and door actors, and by the CLI; the supervision and membership messages stay in
+runtime/messages.py, below every desk.
+
+Plain classes in an importable module: thespian pickles them between processes and nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# --- work: leases, results, training progress ---------------------------------------------
+
+@dataclass
+class LoadWeights:
+    version: int
+    path: str
+    adapter: str = ""       # a model sharing the engine's base: its adapter (engine.py)
+
+
+@dataclass
+class LeaseRequest:
+    runner_id: str
+    max_groups: int
+    behaviors: dict = field(default_factory=dict)   # name → version the runner already has
+    per_task: int = 0            # isolation = process: groups each task may have in flight here
+    busy: dict = field(default_factory=dict)        # task → groups in flight here
+    tag: str = ""                # echoed in the answer (the outbound door has many askers)
+
+
+@dataclass
+class Leases:
+    leases: list                 # [{lease_id, group_id, task_name, task, urls, behavior, version, episodes, timeout_s}]
+    behaviors: dict              # name → signed payload (behaviors.py), only new ones
+    tag: str = ""
+
+
+@dataclass
+class NoWork:
+    retry_s: float
+    reason: str = ""
+    tag: str = ""
+
+
+@dataclass
+class AbandonLease:
+    """Registry → runner: this lease expired (its episodes made no LLM call for the idle
+    limit, or ran past the total limit): report its unfinished episodes as failed now and
+    abandon their threads, as at the runner's own time limit."""
+    lease_id: str
+    cause: str
+
+
+@dataclass
+class GroupResult:
+    runner_id: str
+    lease_id: str                # a group may be leased several times (retries): the lease answers
+    results: list                # [{episode_id, reward, error}]
+
+
+@dataclass
+class Quarantined:
+    """Learner → registry: a group left training for good (counted in status and metrics)."""
+    model: str
+    group_id: str
+    cause: str
+
+
+@dataclass
+class StoreCounts:
+    """Learner → registry after every step and quarantine: its model's episode store counts
+    (``episodes_trained`` …), so status follows the store (a rewound group is not counted as
+    trained twice)."""
+    model: str
+    counts: dict
+
+
+@dataclass
+class Progress:
+    """Engine or gateway → registry, every second: a counter that moves while it works
+    (engine: batches; gateway: turns of its server loop) and how much work waits for it
+    (the registry's watchdog finds a child that is alive but stuck)."""
+    model: str
+    kind: str
+    count: int
+    waiting: int
+
+
+@dataclass
+class Stall:
+    """Test hook: an engine's batcher thread, or a gateway's server loop, sleeps ``seconds``
+    (a child that hangs while its process answers)."""
+    seconds: float
+
+
+@dataclass
+class CloseEpisodes:
+    """Registry → gateways: these episodes ended without being trained (failed, aborted,
+    expired, or their group was dropped): refuse their keys, free their recorded calls.
+    ``cause`` is what an agent that still uses a key is told (with a 409)."""
+    episode_ids: list
+    cause: str = ""
+
+
+@dataclass
+class EpisodeActivity:
+    """Gateway → registry, once a second: the episodes that called this model since the last
+    report.  The registry stamps them with its own clock (hosts share none) and keeps their
+    leases alive: the episode limit is an idle limit, not a wall-clock one."""
+    model: str
+    episode_ids: list
+
+
+@dataclass
+class Trained:
+    """Learner → registry after each optimizer step."""
+    model: str
+    step: int
+    weight_version: int
+    groups: int
+    done: bool = False
+    tasks: dict = field(default_factory=dict)     # task → groups of it in this step
+    evaluating: bool = False    # done, and its last evaluation is still running (Evaluated follows)
+
+
+@dataclass
+class Evaluated:
+    """Learner → registry after an evaluation's metrics lines (one per task): a learner done
+    with training counts as finished only then."""
+    model: str
+    step: int
+
+
+@dataclass
+class ClientEvent:
+    """Gateway → registry: a client-mode episode was opened, ended or aborted."""
+    event: dict
+
+
+# --- live code iteration (actorjet upgrade / rollback) -------------------------------------
+
+@dataclass
+class Upgrade:
+    """`actorjet upgrade` → registry: new code for the behavior of task ``upload["name"]``."""
+    upload: dict                 # behaviors.py sign_upload(): {name, blob, source, sig}
+    canary: int = 0              # episodes to run on one runner before anyone else gets it
+    policy: str = "finish"       # finish | abort: what happens to episodes in flight on the old code
+    timeout_s: float = 120.0     # for the canary
+
+
+@dataclass
+class Rollback:
+    name: str
+    to: int | None = None        # None: the version that was current before this one
+    policy: str = "finish"
+
+
+@dataclass
+class UpgradeReply:
+    ok: bool
+    name: str
+    version: int | None = None
+    error: str = ""
+    traceback: str = ""
+    runners: list = field(default_factory=list)    # runner ids the version was pushed to
+
+
+@dataclass
+class BehaviorUpdate:
+    """Registry → runner: swap to this version between episodes (policy for the ones in flight)."""
+    payload: dict                # signed: behaviors.py sign()
+    policy: str = "finish"
+
+
+@dataclass
+class BehaviorLoaded:
+    """Runner → registry: the version it now runs, or why it could not load it."""
+    runner_id: str
+    name: str
+    version: int
+    error: str = ""
+
+
+@dataclass
+class Canary:
+    """Registry → one runner: load this version and run these episodes; train nothing."""
+    payload: dict
+    lease: dict                  # {group_id, tasks: [...], urls, episodes: [{episode_id, api_key}]}
+
+
+@dataclass
+class CanaryResult:
+    runner_id: str
+    name: str
+    version: int
+    ok: bool
+    error: str = ""
+    traceback: str = ""
+    rewards: list = field(default_factory=list)
+
+
+# --- cocktail: tasks while training runs (actorjet task add | pause | resume | remove) -------
+
+@dataclass
+class TaskCommand:
+    action: str                  # add | pause | resume | remove
+    name: str
+    config: dict = field(default_factory=dict)   # for add: {source, behavior, weight}
+
+
+@dataclass
+class TaskReply:
+    ok: bool
+    error: str = ""
+    tasks: dict = field(default_factory=dict)
