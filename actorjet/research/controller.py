@@ -23,7 +23,7 @@ from actorjet import metrics
 from actorjet.research import plan as planning
 from actorjet.research import stats
 from actorjet.research.registry import StudyRegistry
-from actorjet.research.spec import apply
+from actorjet.research.spec import apply, distributions, within
 
 POLL_S = 1.0
 STOP_GRACE_S = 30.0
@@ -100,7 +100,7 @@ class Controller:
             self.optuna._storage.set_trial_state_values(stale._trial_id, optuna.trial.TrialState.FAIL)
         seed = self.plan["seeds"]["explore"][0]
         base = {k: v["base"] for k, v in self.study["knobs"].items()}
-        if not self.reg.trials("explore") and all(_within(v["base"], v) for v in self.knobs.values()):
+        if not self.reg.trials("explore") and all(within(v["base"], v) for v in self.knobs.values()):
             self.optuna.enqueue_trial(base)          # the base config competes too
         while True:
             asked = len(self.reg.trials("explore"))
@@ -353,27 +353,6 @@ class Controller:
         return (f"{sign * flip * d['diff']:+.3f} ({self.study['decision']['confidence']:.0%} CI {lo:+.3f} … {hi:+.3f} "
                 f"(Welch t; bootstrap {blo:+.3f} … {bhi:+.3f}), d = {sign * flip * d['d']:.2f}, "
                 f"n = {d['n'][0]} vs {d['n'][1]}, test split)")
-
-
-def distributions(knobs: dict) -> dict:
-    """Each knob's Optuna distribution (the search asks with these; the report rebuilds the
-    explore trials with them)."""
-    import optuna
-
-    out = {}
-    for name, k in knobs.items():
-        low, high = (k["values"][0], k["values"][-1])
-        out[name] = (optuna.distributions.FloatDistribution(low, high, log=True) if k["kind"] == "log_uniform" else
-                     optuna.distributions.FloatDistribution(low, high) if k["kind"] == "uniform" else
-                     optuna.distributions.IntDistribution(int(low), int(high)) if k["kind"] == "int_uniform" else
-                     optuna.distributions.CategoricalDistribution(k["values"]))
-    return out
-
-
-def _within(value, knob: dict) -> bool:
-    if knob["kind"] == "choice":
-        return value in knob["values"]
-    return isinstance(value, (int, float)) and knob["values"][0] <= value <= knob["values"][1]
 
 
 def _show(value) -> str:

@@ -234,3 +234,25 @@ def _num(table: dict, key: str, default: float, where: str, section: str) -> flo
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise UserError(f"{where}: field '{section}.{key}' must be a positive number, got {value!r}")
     return float(value)
+
+
+def distributions(knobs: dict) -> dict:
+    """Each knob's Optuna distribution (the search asks with these; the report rebuilds the
+    explore trials with them)."""
+    import optuna
+
+    out = {}
+    for name, k in knobs.items():
+        low, high = (k["values"][0], k["values"][-1])
+        out[name] = (optuna.distributions.FloatDistribution(low, high, log=True) if k["kind"] == "log_uniform" else
+                     optuna.distributions.FloatDistribution(low, high) if k["kind"] == "uniform" else
+                     optuna.distributions.IntDistribution(int(low), int(high)) if k["kind"] == "int_uniform" else
+                     optuna.distributions.CategoricalDistribution(k["values"]))
+    return out
+
+
+def within(value, knob: dict) -> bool:
+    """Whether a value lies in a knob's range (or is one of its choices)."""
+    if knob["kind"] == "choice":
+        return value in knob["values"]
+    return isinstance(value, (int, float)) and knob["values"][0] <= value <= knob["values"][1]
