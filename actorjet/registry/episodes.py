@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 from collections import deque
 
-from actorjet import metrics
-from actorjet import behaviors
+from actorjet import behaviors, metrics
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.clients import ClientDesk
 from actorjet.registry.counters import Counters
