@@ -33,6 +33,7 @@ class Scripted(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["Content-Length"]))
         step = self.server.script.pop(0) if self.server.script else "ok"
         self.server.seen.append(step)
+        self.server.ports.append(self.client_address[1])     # one port per client connection
         if step == "busy":
             body = json.dumps({"error": {"message": "engine restarting"}}).encode()
             self.send_response(503)
@@ -60,7 +61,7 @@ class Scripted(BaseHTTPRequestHandler):
 def scripted():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     server.daemon_threads = True
-    server.script, server.seen = [], []
+    server.script, server.seen, server.ports = [], [], []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server, f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
@@ -93,3 +94,26 @@ def test_timeouts_and_dead_servers_are_the_sdks_errors(scripted):
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"        # bound, never listening: refused
     with pytest.raises(openai.APIConnectionError):
         ask(llm(dead, "t5").client().with_options(max_retries=0))
+
+
+def test_the_json_client_keeps_connections_alive_and_names_errors(scripted):
+    """runtime/http_json.py: ActorJet's own calls (client mode, results, the door, top)."""
+    from actorjet.runtime import http_json
+
+    server, url = scripted
+    for _ in range(3):
+        assert http_json.post(url + "/x", {"a": 1})["id"] == "x"
+    assert len(set(server.ports)) == 1                        # one kept-alive connection
+    server.script = ["drop-after"]
+    http_json.post(url + "/x", {})
+    assert http_json.post(url + "/x", {})["id"] == "x"          # the server closed it: a fresh one
+    assert len(set(server.ports)) == 2
+    server.script = ["busy"]
+    with pytest.raises(http_json.HttpError) as err:
+        http_json.post(url + "/x", {})
+    assert err.value.status == 503 and err.value.message == "engine restarting"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"          # bound, not listening: refused
+        with pytest.raises(http_json.Unreachable):
+            http_json.post(dead + "/x", {}, timeout=2)

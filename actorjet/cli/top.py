@@ -8,13 +8,10 @@ A head that does not answer is one line on the screen; the view comes back by it
 """
 from __future__ import annotations
 
-import json
 import os
 import select
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 
 from rich.console import Group
@@ -22,6 +19,8 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from actorjet.runtime import http_json
 
 PANELS = {"0": "overview", "1": "models", "2": "nodes", "3": "runners", "4": "tasks", "5": "supervision"}
 SPARK = "▁▂▃▄▅▆▇█"
@@ -42,15 +41,13 @@ class Poller:
         self.error = ""
 
     def poll(self) -> dict | None:
-        req = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {self.token}"})
         try:
-            with urllib.request.urlopen(req, timeout=3) as resp:
-                answer = json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            self.error = f"the head's door answered {e.code}" + (": wrong token?" if e.code == 401 else "")
+            answer = http_json.get(self.url, self.token, timeout=3)
+        except http_json.HttpError as e:
+            self.error = f"the head's door answered {e.status}" + (": wrong token?" if e.status == 401 else "")
             return None
-        except (OSError, ValueError) as e:
-            self.error = f"the head at {self.url.rsplit('/v1', 1)[0]} is unreachable ({getattr(e, 'reason', e)})"
+        except http_json.Unreachable as e:
+            self.error = f"the head at {self.url.rsplit('/v1', 1)[0]} is unreachable ({e.reason})"
             return None
         self.error = ""
         self.history.append((time.time(), answer["status"]))

@@ -12,15 +12,12 @@ trained on it).  Episodes that share ``group`` are normalized together (GRPO) on
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 
 from actorjet.errors import UserError
 from actorjet.runner.llm import LLM
-from actorjet.runtime import endpoints
+from actorjet.runtime import http_json
 
 
 RETRY_S = 60.0     # a gateway that restarts comes back on the same URL within seconds
@@ -31,21 +28,14 @@ def _post(url: str, key: str, body: dict, retry_s: float = RETRY_S) -> dict:
     restarts on the same URL); any other error is final and names the gateway's reason."""
     deadline, wait = time.monotonic() + retry_s, 0.2
     while True:
-        req = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
         try:
-            with urllib.request.urlopen(req, timeout=30, context=endpoints.client_ssl()) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                message = json.loads(e.read())["error"]["message"]
-            except Exception:  # noqa: BLE001 - not our JSON: show the status
-                message = e.reason
-            if e.code != 503 or time.monotonic() > deadline:
-                raise UserError(f"{url}: {e.code} {message}") from None
-        except (urllib.error.URLError, ConnectionError) as e:
+            return http_json.post(url, body, key)
+        except http_json.HttpError as e:
+            if e.status != 503 or time.monotonic() > deadline:
+                raise UserError(str(e)) from None
+        except http_json.Unreachable as e:
             if time.monotonic() > deadline:
-                raise UserError(f"cannot reach {url}: {getattr(e, 'reason', e)}") from None
+                raise UserError(str(e)) from None
         time.sleep(wait)
         wait = min(wait * 2, 2.0)
 

@@ -18,16 +18,14 @@ that vanishes lets its leases expire; the registry re-queues them.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from actorjet.errors import UserError
+from actorjet.runtime import http_json
 from actorjet.rl.rewards import failed
 from actorjet.signing import SECRET_ENV
 from actorjet.runner.results import store_results
@@ -63,22 +61,14 @@ class OutboundNode:
 
     # -- HTTP to the door -----------------------------------------------------------------
     def _post(self, path: str, body: dict) -> dict:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {self.token}"})
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                answer = json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                reason = json.loads(e.read())["error"]["message"]
-            except Exception:  # noqa: BLE001 - not our JSON
-                reason = e.reason
-            if e.code in (401, 403):
-                raise UserError(f"the head's door refused this node: {reason}") from None
-            raise DoorError(f"{e.code} {reason}") from None
-        except (urllib.error.URLError, OSError) as e:
-            self._reachable(False, str(getattr(e, "reason", e)))
+            answer = http_json.post(self.url + path, body, self.token)
+        except http_json.HttpError as e:
+            if e.status in (401, 403):
+                raise UserError(f"the head's door refused this node: {e.message}") from None
+            raise DoorError(f"{e.status} {e.message}") from None
+        except http_json.Unreachable as e:
+            self._reachable(False, e.reason)
             raise DoorError(str(e)) from None
         self._reachable(True)
         return answer

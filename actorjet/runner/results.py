@@ -10,12 +10,8 @@ disk in every store.  One POST per gateway per lease, whatever the episodes did.
 """
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 from actorjet.rl.rewards import failed
-from actorjet.runtime import endpoints
+from actorjet.runtime import http_json
 
 TIMEOUT_S = 30.0
 
@@ -30,19 +26,17 @@ def store_results(lease: dict, results: list[dict]) -> list[dict]:
         return results
     group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
              "behavior": lease["behavior"], "version": lease["version"]}
-    body = json.dumps({"group": group, "episodes": [
+    body = {"group": group, "episodes": [
         {"episode_id": r["episode_id"], "api_key": keys[r["episode_id"]],
-         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"]} for r in good]}).encode()
+         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"]} for r in good]}
     why: dict[str, str] = {}
     for model, url in sorted(lease["urls"].items()):
-        req = urllib.request.Request(url.removesuffix("/v1") + "/v1/actorjet/results", data=body,
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=endpoints.client_ssl()) as resp:
-                for episode_id in json.loads(resp.read()).get("refused", []):
-                    why.setdefault(episode_id, f"store refused: the episode was closed at {model}'s gateway")
-        except (OSError, ValueError) as e:
-            detail = e.read().decode(errors="replace")[:200] if isinstance(e, urllib.error.HTTPError) else e
+            answer = http_json.post(url.removesuffix("/v1") + "/v1/actorjet/results", body, timeout=TIMEOUT_S)
+            for episode_id in answer.get("refused", []):
+                why.setdefault(episode_id, f"store refused: the episode was closed at {model}'s gateway")
+        except (http_json.HttpError, http_json.Unreachable) as e:
+            detail = e.message if isinstance(e, http_json.HttpError) else e.reason
             for r in good:
                 why.setdefault(r["episode_id"], f"store unreachable: {model}'s gateway: {detail}")
     return [failed(r["episode_id"], why[r["episode_id"]]) if r["episode_id"] in why else r for r in results]
