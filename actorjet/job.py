@@ -19,6 +19,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from actorjet.checks import is_int
 from actorjet.errors import UserError
 from actorjet.rl import lora
 from actorjet.serving.heldout import eval_spec
@@ -168,9 +169,9 @@ def _section(given: dict, defaults: dict, where: str) -> dict:
         want = type(defaults[key])
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"{where}: field {key!r} must be a finite number, got {value!r}")
-        if want is float and isinstance(value, int) and not isinstance(value, bool):
+        if want is float and is_int(value):
             continue
-        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        if not isinstance(value, want) or (want is int and not is_int(value)):
             raise UserError(f"{where}: field {key!r} must be {want.__name__}, got {value!r}")
     return {**copy.deepcopy(defaults), **given}
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "actorjet"
 
 # lowest first; a unit is a package (directory) or a top-level module of actorjet
 LAYERS = [
-    {"errors", "signing"},                                                   # no ActorJet import
+    {"errors", "signing", "checks"},                                         # no ActorJet import
     {"rl", "metrics", "tensorboard_events", "report", "behaviors"},  # math, files, formats
     {"runtime"},                                                             # actor system, transport
     {"serving"},                                                             # engine, gateway

@@ -32,6 +32,7 @@ from pathlib import Path
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
+from actorjet.checks import int_in, is_int
 from actorjet.serving.openai_api import ApiError, error_middleware, read_json
 from actorjet.serving.serve import AppServer
 from actorjet.rl.rewards import bad_reward
@@ -58,11 +59,10 @@ def _check_id(body: dict, key: str) -> str:
 def check_lease_request(body: dict) -> tuple[str, int, dict]:
     runner_id = _check_id(body, "runner_id")
     max_groups = body.get("max_groups", 1)
-    if isinstance(max_groups, bool) or not isinstance(max_groups, int) or not 1 <= max_groups <= 256:
+    if not int_in(max_groups, 1, 256):
         raise ApiError(400, "'max_groups' must be an integer from 1 to 256", "max_groups")
     versions = body.get("behaviors", {})
-    if not isinstance(versions, dict) or not all(isinstance(k, str) and isinstance(v, int)
-                                                 and not isinstance(v, bool) for k, v in versions.items()):
+    if not isinstance(versions, dict) or not all(isinstance(k, str) and is_int(v) for k, v in versions.items()):
         raise ApiError(400, "'behaviors' must map behavior names to integer versions", "behaviors")
     return f"outbound:{runner_id}", max_groups, versions
 

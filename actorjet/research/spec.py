@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import math
 import json
 import tomllib
 from pathlib import Path
 
+from actorjet.checks import int_in, is_number
 from actorjet.errors import UserError
 from actorjet.job import load_job, normalize
 
@@ -162,7 +162,7 @@ def _knob(job: dict, name: str, rule, where: str) -> dict:
         ends = values
     else:
         if not (isinstance(values, list) and len(values) == 2
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+                and all(is_number(v) for v in values)
                 and values[0] < values[1]):
             raise UserError(f"{here}: {kind} must be [low, high] with low < high")
         if kind == "log_uniform" and values[0] <= 0:
@@ -224,14 +224,14 @@ def _table(data: dict, key: str, where: str) -> dict:
 
 def _int(table: dict, key: str, default: int, where: str, section: str) -> int:
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not int_in(value, 1):
         raise UserError(f"{where}: field '{section}.{key}' must be a positive integer, got {value!r}")
     return value
 
 
 def _num(table: dict, key: str, default: float, where: str, section: str) -> float:
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if not is_number(value) or value <= 0:
         raise UserError(f"{where}: field '{section}.{key}' must be a positive number, got {value!r}")
     return float(value)
 

@@ -13,12 +13,12 @@ A test can call these on plain dicts and an in-memory store; no actor, no HTTP.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from actorjet.checks import is_number
 from actorjet.rl import pack
 from actorjet.rl.calls import full_len
 from actorjet.rl.rewards import bad_reward
@@ -61,7 +61,7 @@ def check_call(call: dict) -> None:
         raise ValueError(f"a call that starts with {call.get('prefix_len')} tokens of a call of {full_len(ref)}")
     if len(ids) != len(lps):
         raise ValueError(f"a call with {len(ids)} completion ids but {len(lps)} logprobs")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in lps):
+    if not all(is_number(x) for x in lps):
         raise ValueError("a call with a logprob that is not a finite number")
 
 

@@ -13,8 +13,8 @@ the head process, which must stay light.
 """
 from __future__ import annotations
 
-import math
 
+from actorjet.checks import int_in, number_in
 from actorjet.errors import UserError
 
 MAX_RANK = 4096           # beyond any model's width: a larger r is a typo, not an adapter
@@ -30,11 +30,11 @@ def check(cfg: dict, where: str) -> dict:
     if unknown:
         raise UserError(f"{where}: lora: unknown field {unknown[0]!r} (known: {', '.join(sorted(DEFAULTS))})")
     out = {**DEFAULTS, **cfg}
-    if not isinstance(out["r"], int) or isinstance(out["r"], bool) or not 1 <= out["r"] <= MAX_RANK:
+    if not int_in(out["r"], 1, MAX_RANK):
         raise UserError(f"{where}: lora: r must be an integer from 1 to {MAX_RANK}, got {out['r']!r}")
     for key in ("alpha", "dropout"):
         value = out[key]
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        if not number_in(value, 0):
             raise UserError(f"{where}: lora: {key} must be a finite number >= 0, got {value!r}")
     if not 0 <= out["dropout"] < 1:
         raise UserError(f"{where}: lora: dropout must be in [0, 1), got {out['dropout']!r}")

@@ -10,13 +10,14 @@ batch, so it is refused at the edge with the reason below.
 """
 from __future__ import annotations
 
-import math
+
+from actorjet.checks import is_number
 
 MAX_KEYS = 64
 
 
 def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return is_number(x)
 
 
 def bad_reward(reward) -> str:

@@ -12,6 +12,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from actorjet.checks import int_in, number_in
 from actorjet.errors import UserError
 from actorjet.runtime import kinds
 
@@ -137,7 +138,7 @@ def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
             raise loc.error(cid, "placement", f"unknown placement key {key!r} (known: node, gpus, cpus)")
         if key == "node" and (not isinstance(value, str) or not value):
             raise loc.error(cid, "placement", "placement.node must be a node name, e.g. placement = { node = \"gpu1\" }")
-        if key != "node" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if key != "node" and not int_in(value, 0):
             raise loc.error(cid, "placement", f"placement.{key} must be a whole number >= 0")
     if not isinstance(data.get("registry", False), bool):
         raise loc.error(cid, "registry", "must be true or false")
@@ -161,7 +162,7 @@ def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
             kinds.resolve(child_kind)
         except UserError as e:
             raise loc.error(cid, "child_kind", str(e)) from None
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_DYNAMIC:
+        if not int_in(count, 0, MAX_DYNAMIC):
             raise loc.error(cid, "count", f"must be a whole number from 0 (one per slot) to {MAX_DYNAMIC}, "
                             f"got {count!r}")
         if data.get("children"):
@@ -171,11 +172,11 @@ def _child(data: dict, loc: _Located, seen: set) -> ChildSpec:
     elif "child_kind" in data or "count" in data:
         key = "child_kind" if "child_kind" in data else "count"
         raise loc.error(cid, key, f"{key} is only for strategy = \"simple_one_for_one\"")
-    for key, typ, minimum in (("max_restarts", int, 0), ("period_s", (int, float), 0.001),
-                              ("backoff_initial_s", (int, float), 0), ("backoff_max_s", (int, float), 0)):
+    for key, whole, minimum in (("max_restarts", True, 0), ("period_s", False, 0.001),
+                                ("backoff_initial_s", False, 0), ("backoff_max_s", False, 0)):
         if key in data:
             value = data[key]
-            if isinstance(value, bool) or not isinstance(value, typ) or value < minimum:
+            if not (int_in(value, minimum) if whole else number_in(value, minimum)):
                 raise loc.error(cid, key, f"must be a number >= {minimum}, got {value!r}")
             setattr(spec, key, value)
     children = data.get("children", [])

@@ -14,6 +14,7 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from actorjet.checks import int_in
 from actorjet import signing
 from actorjet.runtime.endpoints import client_ssl
 from actorjet.serving import openai_api as api
@@ -46,7 +47,7 @@ class EpisodeRoutes:
         group, size = body.get("group"), body.get("group_size", 1)
         if group is not None and (not isinstance(group, str) or not 0 < len(group) <= 200):
             raise ApiError(400, "'group' must be a string of 1 to 200 characters (or absent)", "group")
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 1024:
+        if not int_in(size, 1, 1024):
             raise ApiError(400, "'group_size' must be an integer from 1 to 1024", "group_size")
         if len(json.dumps(body.get("task"))) > 100_000:
             raise ApiError(400, "'task' is over 100 kB of JSON", "task")

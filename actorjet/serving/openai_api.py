@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from actorjet.checks import int_in, number_in
 from actorjet.runtime.logs import log
 from actorjet.serving import tool_calls
 
@@ -90,8 +91,7 @@ def _number(body: dict, name: str, default, lo, hi, integer=False):
     value = body.get(name, default)
     if value is None:
         return default
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or not (lo <= value <= hi):
+    if not (int_in(value, lo, hi) if integer else number_in(value, lo, hi)):
         kind = "an integer" if integer else "a number"
         raise ApiError(400, f"'{name}' must be {kind} between {lo} and {hi}, got {value!r}", name)
     return value

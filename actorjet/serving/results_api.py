@@ -8,6 +8,7 @@ malformed is a 4xx naming the field, never a poisoned store.
 from __future__ import annotations
 
 from actorjet import signing
+from actorjet.checks import int_in, is_int
 from actorjet.rl.rewards import bad_reward
 from actorjet.serving.openai_api import ApiError
 
@@ -16,14 +17,13 @@ def check_results(body: dict, secret: str) -> tuple[dict, list[dict]]:
     """(group, episodes) as the episode store takes them, or ApiError."""
     group, episodes = body.get("group"), body.get("episodes")
     if not isinstance(group, dict) or not isinstance(group.get("group_id"), str) \
-            or isinstance(group.get("size"), bool) or not isinstance(group.get("size"), int) \
-            or not 1 <= group["size"] <= 4096:
+            or not int_in(group.get("size"), 1, 4096):
         raise ApiError(400, "'group' must be an object with a string group_id and a size from 1 to 4096",
                        "group")
     for key in ("task_name", "behavior"):
         if not isinstance(group.get(key, ""), str):
             raise ApiError(400, f"'group.{key}' must be a string", "group")
-    if isinstance(group.get("version", 0), bool) or not isinstance(group.get("version", 0), int):
+    if not is_int(group.get("version", 0)):
         raise ApiError(400, "'group.version' must be an integer", "group")
     if not isinstance(episodes, list) or not episodes or len(episodes) > 4096:
         raise ApiError(400, "'episodes' must be a list of 1 to 4096 finished episodes", "episodes")
