@@ -6,6 +6,7 @@ import cloudpickle
 import pytest
 
 from actorjet.behaviors import BehaviorRejected, load, sign
+from actorjet.signing import SECRET_ENV
 
 
 class _Boom:
@@ -100,3 +101,40 @@ def test_a_runner_reports_code_that_fails_to_unpickle_instead_of_crashing(monkey
     assert fn is None and "could not load: ModuleNotFoundError" in error and "Traceback" in tb
     fn, error, _ = load_behavior(sign("other", "b", 2, b"x"))
     assert fn is None and error.startswith("refused: bad signature")
+
+
+def test_the_runner_core_runs_leases_on_their_version_and_gives_up_on_hung_ones(monkeypatch):
+    """runner/core.py, shared by the thespian runner and the outbound one."""
+    import time
+
+    from actorjet.runner.core import RunnerCore, Threads
+
+    monkeypatch.setenv(SECRET_ENV, "s")
+    core = RunnerCore(Threads(4))
+    assert core.install(sign("s", "t", 1, cloudpickle.dumps(lambda task, llm: task["x"]))) == ("", "")
+    assert core.install(sign("s", "t", 2, cloudpickle.dumps(lambda task, llm: __import__("time").sleep(1.5)))) == ("", "")
+    assert core.install(sign("other", "t", 3, b"x"))[0].startswith("refused")     # v2 stays current
+    assert core.current == {"t": 2}
+
+    def lease(lid, version, timeout_s=30.0):
+        return {"lease_id": lid, "behavior": "t", "version": version, "task_name": "t", "task": {"x": 0.75},
+                "urls": {"m": "http://unused"}, "timeout_s": timeout_s,
+                "episodes": [{"episode_id": f"{lid}-{k}", "api_key": "k"} for k in range(2)]}
+
+    assert core.start(lease("old", 1)) is None                                   # v1 still runs its leases
+    assert core.start(lease("hangs", 2, timeout_s=0.3)) is None
+    refused = core.start(lease("gone", 9))
+    assert [r["error"] for r in refused] == ["behavior t v9 could not be loaded here"] * 2
+    done: dict = {}
+    deadline = time.monotonic() + 10
+    while len(done) < 2 and time.monotonic() < deadline:
+        done.update({lease["lease_id"]: results for lease, results in core.finished()})
+        time.sleep(0.02)
+    assert [r["reward"] for r in done["old"]] == [0.75, 0.75]
+    assert [r["error"] for r in done["hangs"]] == ["timeout: still running after 0.3 s"] * 2
+    assert len(core.still_hung()) == 2 and core.busy() == 0 and not core.held     # until the sleeps end
+    deadline = time.monotonic() + 10
+    while core.still_hung() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert core.still_hung() == []
+    core.close()

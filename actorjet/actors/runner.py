@@ -23,9 +23,9 @@ import psutil
 from thespian.actors import WakeupMessage
 
 from actorjet.rl.rewards import failed
+from actorjet.runner.core import Processes, RunnerCore, Threads
 from actorjet.runner.episode import load_behavior, run_episode
 from actorjet.runner.results import store_results
-from actorjet.runner.worker import TaskWorker
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
@@ -53,19 +53,13 @@ class AgentRunner(ManagedActor):
         train = (self.context.get("job") or {}).get("train", {})
         self.concurrency = int(train.get("runner_concurrency", 8))
         self.group_size = int(train.get("group_size", 1))
-        self.pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="episode")
+        self.isolation = train.get("isolation", "thread")           # thread | process (worker.py)
+        self.core = RunnerCore(Processes(self.concurrency) if self.isolation == "process" else Threads(self.concurrency))
+        self.canary_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="canary")
         self.reporter = ThreadPoolExecutor(2, thread_name_prefix="report")
         self.reporting: dict[str, Future] = {}          # lease id → its results, once stored
-        self.behaviors: dict[str, dict[int, object]] = {}   # name → {version: function}
-        self.current: dict[str, int] = {}                    # name → version new leases get
-        self.groups: dict[str, tuple[dict, list[Future]]] = {}
         self.canaries: dict[str, tuple[proto.Canary, list[Future], object]] = {}
-        self.hung: list[Future] = []
-        self.isolation = train.get("isolation", "thread")           # thread | process (worker.py)
         self.task_memory_mb = float(train.get("task_memory_mb", 0))
-        self.workers: dict[str, TaskWorker] = {}
-        self.hung_by_task: dict[str, list[Future]] = {}
-        self.payloads: dict[tuple, dict] = {}
         self.memory_limit_mb = float(train.get("runner_memory_mb", 0))
         self.next_memory_check = self.next_task_memory_check = 0.0
         self.waiting_for_leases = False
@@ -79,8 +73,7 @@ class AgentRunner(ManagedActor):
         self._ask_for_work()
 
     def _free(self) -> int:
-        busy = sum(len(f) for _, f in self.groups.values())
-        return (self.concurrency - busy) // max(1, self.group_size)
+        return (self.concurrency - self.core.busy()) // max(1, self.group_size)
 
     def _ask_for_work(self) -> None:
         if self.registry is None or self.waiting_for_leases or time.monotonic() < self.retry_at:
@@ -90,32 +83,24 @@ class AgentRunner(ManagedActor):
             # stall (a crash loop, a slow environment) cannot occupy the others' room.
             per_task = max(1, self.concurrency // max(1, self.group_size))
             busy: dict[str, int] = {}
-            for lease, _ in self.groups.values():
-                busy[lease["task_name"]] = busy.get(lease["task_name"], 0) + 1
-            msg = proto.LeaseRequest(self.runner_id, per_task * 8, dict(self.current), per_task, busy)
+            for held in self.core.held.values():
+                busy[held.lease["task_name"]] = busy.get(held.lease["task_name"], 0) + 1
+            msg = proto.LeaseRequest(self.runner_id, per_task * 8, dict(self.core.current), per_task, busy)
         else:
             free = self._free()
             if free <= 0:
                 return
-            msg = proto.LeaseRequest(self.runner_id, max(1, free), dict(self.current))
+            msg = proto.LeaseRequest(self.runner_id, max(1, free), dict(self.core.current))
         self.waiting_for_leases = True
         self.send(self.registry, msg)
 
     def _install(self, payload) -> str:
         """Load a version and make it current; the error text if it cannot be loaded."""
-        fn, error, tb = load_behavior(payload)
-        if fn is None:
+        error, tb = self.core.install(payload)
+        if error:
             log.error("%s: behavior %s v%s %s\n%s", self.runner_id, payload.get("name") if isinstance(
                 payload, dict) else "?", payload.get("version") if isinstance(payload, dict) else "?", error, tb)
-            return error
-        versions = self.behaviors.setdefault(payload["name"], {})
-        versions[payload["version"]] = fn
-        self.payloads[(payload["name"], payload["version"])] = payload     # what task workers load
-        for old in sorted(versions)[:-8]:        # keep a few: in-flight leases may still need them
-            if old != payload["version"]:
-                del versions[old]
-        self.current[payload["name"]] = payload["version"]
-        return ""
+        return error
 
     def receiveMsg_BehaviorUpdate(self, msg: proto.BehaviorUpdate, sender):
         """Swap between episodes: new leases get the new version; episodes in flight finish
@@ -123,9 +108,10 @@ class AgentRunner(ManagedActor):
         name, version = msg.payload.get("name"), msg.payload.get("version")
         error = self._install(msg.payload)
         if not error and msg.policy == "abort":
-            for lease_id, (lease, _) in list(self.groups.items()):
+            for lease_id, held in list(self.core.held.items()):
+                lease = held.lease
                 if lease["behavior"] == name and lease["version"] != version:
-                    del self.groups[lease_id]     # the threads finish on their own; results ignored
+                    self.core.drop(lease_id)      # the threads finish on their own; results ignored
                     results = [failed(ep["episode_id"], f"upgrade abort: {name} v{version} replaced v{lease['version']}")
                                for ep in lease["episodes"]]
                     self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
@@ -139,7 +125,7 @@ class AgentRunner(ManagedActor):
             self.send(sender, proto.CanaryResult(self.runner_id, name, version, False, error, tb))
             return
         lease = msg.lease
-        futures = [self.pool.submit(run_episode, fn, task, lease["urls"], ep)
+        futures = [self.canary_pool.submit(run_episode, fn, task, lease["urls"], ep)
                    for task, ep in zip(lease["tasks"], lease["episodes"])]
         self.canaries[lease["group_id"]] = (msg, futures, sender)
         self._poll_soon()
@@ -161,31 +147,16 @@ class AgentRunner(ManagedActor):
         for payload in msg.behaviors.values():
             self._install(payload)
         for lease in msg.leases:
-            fn = self.behaviors.get(lease["behavior"], {}).get(lease["version"])
-            if fn is None:
-                results = [failed(ep["episode_id"], f"behavior {lease['behavior']} v{lease['version']} "
-                                  "could not be loaded here") for ep in lease["episodes"]]
-                self.send(self.registry, proto.GroupResult(self.runner_id, lease["lease_id"], results))
-                continue
-            if self.isolation == "process":
-                worker = self.workers.get(lease["task_name"])
-                if worker is None:
-                    worker = self.workers[lease["task_name"]] = TaskWorker(lease["task_name"], self.concurrency)
-                payload = self.payloads[(lease["behavior"], lease["version"])]
-                futures = [worker.submit(payload, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
-            else:
-                futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep)
-                           for ep in lease["episodes"]]
-            lease["give_up_at"] = time.monotonic() + float(lease.get("timeout_s", 120.0))
-            self.groups[lease["lease_id"]] = (lease, futures)
+            refused = self.core.start(lease)
+            if refused is not None:
+                self.send(self.registry, proto.GroupResult(self.runner_id, lease["lease_id"], refused))
         self._poll_soon()
         self._ask_for_work()
 
     def receiveMsg_AbandonLease(self, msg: proto.AbandonLease, sender):
         """The registry expired this lease (idle or over its total limit): give up on it now."""
-        held = self.groups.get(msg.lease_id)
-        if held is not None:
-            held[0]["give_up_at"], held[0]["abandoned"] = 0.0, str(msg.cause)[:200]
+        if msg.lease_id in self.core.held:
+            self.core.abandon(msg.lease_id, str(msg.cause))
             self._poll_soon(0)
 
     def receiveMsg_NoWork(self, msg: proto.NoWork, sender):
@@ -201,28 +172,11 @@ class AgentRunner(ManagedActor):
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         self.polling = False
         self._finish_canaries()
-        now = time.monotonic()
-        for lease_id, (lease, futures) in list(self.groups.items()):
-            overdue = now > lease["give_up_at"]
-            if not overdue and not all(f.done() for f in futures):
-                continue
-            del self.groups[lease_id]
-            results = []
-            for ep, f in zip(lease["episodes"], futures):
-                if f.done():
-                    results.append(f.result())
-                else:         # a hung episode: reported, and its thread abandoned
-                    if self.isolation == "process":     # its task's worker holds the thread
-                        self.hung_by_task.setdefault(lease["task_name"], []).append(f)
-                    else:
-                        self.hung.append(f)
-                    results.append(failed(ep["episode_id"], f"timeout: {lease['abandoned']}" if lease.get("abandoned")
-                                          else f"timeout: still running after {lease['timeout_s']:g} s"))
+        for lease, results in self.core.finished():
             for r in results:
                 if r.get("error"):
                     log.warning("%s: episode %s failed: %s", self.runner_id, r["episode_id"], r["error"])
-                r.pop("traceback", None)
-            self.reporting[lease_id] = self.reporter.submit(store_results, lease, results)
+            self.reporting[lease["lease_id"]] = self.reporter.submit(store_results, lease, results)
         for lease_id, stored in list(self.reporting.items()):
             if stored.done():
                 del self.reporting[lease_id]
@@ -231,30 +185,33 @@ class AgentRunner(ManagedActor):
                 self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
         self._check_health()
         self._ask_for_work()
-        if self.groups or self.canaries or self.reporting or not self.waiting_for_leases:
+        if self.core.held or self.canaries or self.reporting or not self.waiting_for_leases:
             self._poll_soon()
 
     def _check_health(self) -> None:
         """Hung episodes hold threads; leaked memory stays in this process.  Past a limit the
         runner reports its work as failed (so it is retried elsewhere) and crashes on purpose:
         its supervisor starts a clean process, and no other runner is touched."""
-        self.hung = [f for f in self.hung if not f.done()]
-        for task, futures in list(self.hung_by_task.items()):
-            # isolation = process: hung episodes hold only their task's worker; restart that
-            futures = self.hung_by_task[task] = [f for f in futures if not f.done()]
-            if len(futures) >= max(1, self.concurrency // 2) and task in self.workers:
-                self.workers[task].kill(f"{len(futures)} hung episodes")
-                self.hung_by_task.pop(task)
-        if self.task_memory_mb and self.workers and time.monotonic() > self.next_task_memory_check:
+        hung = self.core.still_hung()
+        workers = getattr(self.core.isolation, "workers", {})
+        if isinstance(self.core.isolation, Processes):
+            # hung episodes hold only their task's worker: restart that worker, not the runner
+            for task in {t for t, _ in hung}:
+                held = [f for t, f in hung if t == task]
+                if len(held) >= max(1, self.concurrency // 2) and task in workers:
+                    workers[task].kill(f"{len(held)} hung episodes")
+                    self.core.hung = [(t, f) for t, f in self.core.hung if t != task]
+            hung = []
+        if self.task_memory_mb and workers and time.monotonic() > self.next_task_memory_check:
             self.next_task_memory_check = time.monotonic() + 1.0     # psutil is not free: once a second
-            for name, worker in self.workers.items():
+            for name, worker in workers.items():
                 rss = worker.rss_mb()
                 if rss > self.task_memory_mb:
                     log.warning("%s: task %s's worker uses %.0f MB: restarted", self.runner_id, name, rss)
                     worker.kill(f"task worker over task_memory_mb = {self.task_memory_mb:g} ({rss:.0f} MB)")
         reason = ""
-        if len(self.hung) >= max(1, self.concurrency // 2):
-            reason = f"{len(self.hung)} hung episodes hold its threads"
+        if len(hung) >= max(1, self.concurrency // 2):
+            reason = f"{len(hung)} hung episodes hold its threads"
         elif self.memory_limit_mb and time.monotonic() > self.next_memory_check:
             self.next_memory_check = time.monotonic() + 1.0
             rss_mb = psutil.Process().memory_info().rss / 2**20
@@ -262,19 +219,18 @@ class AgentRunner(ManagedActor):
                 reason = f"it uses {rss_mb:.0f} MB, over runner_memory_mb = {self.memory_limit_mb:g}"
         if not reason:
             return
-        for lease_id, (lease, _) in list(self.groups.items()):
-            results = [failed(ep["episode_id"], f"runner restarted: {reason}") for ep in lease["episodes"]]
+        for lease_id, held in list(self.core.held.items()):
+            results = [failed(ep["episode_id"], f"runner restarted: {reason}") for ep in held.lease["episodes"]]
             self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
-        self.groups.clear()
+        self.core.held.clear()
         raise RuntimeError(f"runner {self.runner_id} restarts because {reason}")
 
     def on_stop(self) -> None:
-        for worker in getattr(self, "workers", {}).values():
-            worker.close()
         if getattr(self, "reporter", None):
             self.reporter.shutdown(wait=False, cancel_futures=True)
-        if getattr(self, "pool", None):
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "core", None):
+            self.core.close()
+            self.canary_pool.shutdown(wait=False, cancel_futures=True)
             # Interpreter exit joins the pool's threads; a hung behavior would keep this process
             # alive for ever.  If it has not exited 2 s from now, it leaves without them.
             threading.Thread(target=_exit_later, args=(2.0,), daemon=True).start()

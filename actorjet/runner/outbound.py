@@ -21,15 +21,13 @@ import base64
 import os
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 from actorjet.errors import UserError
 from actorjet.runtime import http_json
-from actorjet.rl.rewards import failed
 from actorjet.signing import SECRET_ENV
+from actorjet.runner.core import RunnerCore, Threads
 from actorjet.runner.results import store_results
-from actorjet.runner.episode import load_behavior, run_episode
 
 POLL_S = 0.05
 
@@ -47,11 +45,8 @@ class OutboundNode:
             raise UserError("--slots and --concurrency must be >= 1")
         self.capacity = slots * concurrency
         self.runner_id = f"{name}-{uuid.uuid4().hex[:6]}"
-        self.pool = ThreadPoolExecutor(self.capacity, thread_name_prefix="episode")
-        self.behaviors: dict[tuple[str, int], object] = {}
-        self.current: dict[str, int] = {}
-        self.groups: dict[str, tuple[dict, list[Future], float]] = {}   # lease id → (lease, futures, give up at)
-        self.hung: list[Future] = []
+        self.core = RunnerCore(Threads(self.capacity))
+        self.unsent: dict[str, tuple[dict, list[dict]]] = {}   # lease id → (lease, results) the door lacks
         self.retry_at = 0.0
         self.group_size = 1
         self.episodes_done = 0
@@ -103,59 +98,39 @@ class OutboundNode:
 
     def step(self) -> None:
         self._report_finished()
-        busy = sum(len(f) for _, f, _ in self.groups.values())
+        busy = self.core.busy() + len(self.core.still_hung())
         free_groups = (self.capacity - busy) // max(1, self.group_size)
         if free_groups > 0 and time.monotonic() >= self.retry_at:
             self._lease(free_groups)
 
     def _report_finished(self) -> None:
-        now = time.monotonic()
-        self.hung = [f for f in self.hung if not f.done()]
-        for lease_id, (lease, futures, give_up_at) in list(self.groups.items()):
-            if now < give_up_at and not all(f.done() for f in futures):
-                continue
-            results = []
-            for ep, f in zip(lease["episodes"], futures):
-                if f.done():
-                    r = f.result()
-                    r.pop("traceback", None)
-                    results.append(r)
-                else:
-                    self.hung.append(f)
-                    results.append(failed(ep["episode_id"],
-                                          f"timeout: still running after {lease.get('timeout_s', 120):g} s"))
+        for lease, results in self.core.finished():
+            self.unsent[lease["lease_id"]] = (lease, results)
+        for lease_id, (lease, results) in list(self.unsent.items()):
             results = store_results(lease, results)      # in every model's store first (idempotent)
             self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease_id,
                                                 "results": results})
-            del self.groups[lease_id]         # only once the head has it: a lost post is retried
+            del self.unsent[lease_id]         # only once the head has it: a lost post is retried
             self.episodes_done += len(results)
 
     def _lease(self, max_groups: int) -> None:
         answer = self._post("/v1/actorjet/leases", {"runner_id": self.runner_id, "max_groups": max_groups,
-                                                    "behaviors": dict(self.current)})
+                                                    "behaviors": dict(self.core.current)})
         for payload in answer.get("behaviors", {}).values():
             payload = dict(payload, blob=base64.b64decode(payload["blob"]))
-            fn, error, _ = load_behavior(payload)
-            if fn is None:
+            error, _ = self.core.install(payload)
+            if error:
                 self.say(f"behavior {payload.get('name')} v{payload.get('version')}: {error}")
-                continue
-            self.behaviors[(payload["name"], payload["version"])] = fn
-            self.current[payload["name"]] = payload["version"]
         if not answer.get("leases"):
             self.retry_at = time.monotonic() + float(answer.get("retry_s") or 0.2)
             return
         for lease in answer["leases"]:
             self.group_size = max(1, len(lease["episodes"]))
-            fn = self.behaviors.get((lease["behavior"], lease["version"]))
-            if fn is None:
-                results = [failed(ep["episode_id"], f"behavior {lease['behavior']} v{lease['version']} "
-                                  "could not be loaded here") for ep in lease["episodes"]]
+            refused = self.core.start(lease)
+            if refused is not None:
                 self._post("/v1/actorjet/results", {"runner_id": self.runner_id, "lease_id": lease["lease_id"],
-                                                    "results": results})
-                continue
-            futures = [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
-            self.groups[lease["lease_id"]] = (lease, futures, time.monotonic() + float(lease.get("timeout_s", 120)))
+                                                    "results": refused})
 
     def close(self) -> None:
         """Stop taking work; episodes in flight are abandoned (their leases expire and are re-queued)."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.core.close()

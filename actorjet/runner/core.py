@@ -1,0 +1,139 @@
+"""What every agent runner does with its leases, whoever hands them out: the thespian runner
+actor (actors/runner.py) and the outbound runner that polls the head's door over HTTP
+(runner/outbound.py) differ only in how work and results travel.
+
+The core keeps the behavior versions it was given (a lease runs on exactly the version it
+names), starts a lease's episodes under an isolation strategy, and gives each lease back
+with its results once every episode finished or the lease ran out of time.  An episode
+still running then is reported failed, and its thread (or worker) is left to the runner's
+health check: agent code cannot be stopped from outside, only abandoned.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from actorjet.rl.rewards import failed
+from actorjet.runner.episode import load_behavior, run_episode
+from actorjet.runner.worker import TaskWorker
+
+KEEP_VERSIONS = 8      # per behavior: leases in flight may still need older ones
+
+
+class Threads:
+    """isolation = "thread": every task's episodes share one thread pool (agent code mostly
+    waits on HTTP)."""
+
+    def __init__(self, size: int):
+        self.pool = ThreadPoolExecutor(size, thread_name_prefix="episode")
+
+    def submit(self, lease: dict, fn, payload: dict) -> list[Future]:
+        return [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Processes:
+    """isolation = "process": each task's episodes in that task's own worker process
+    (runner/worker.py), so a task that crashes or leaks cannot hurt the others."""
+
+    def __init__(self, threads_per_task: int):
+        self.threads = threads_per_task
+        self.workers: dict[str, TaskWorker] = {}
+
+    def submit(self, lease: dict, fn, payload: dict) -> list[Future]:
+        task = lease["task_name"]
+        if task not in self.workers:
+            self.workers[task] = TaskWorker(task, self.threads)
+        return [self.workers[task].submit(payload, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+
+
+@dataclass
+class Held:
+    """A lease whose episodes are running."""
+    lease: dict
+    futures: list[Future]
+    give_up_at: float
+    abandoned: str = ""        # why the registry expired it (then it is given up at once)
+
+
+class RunnerCore:
+    def __init__(self, isolation: Threads | Processes):
+        self.isolation = isolation
+        self.behaviors: dict[str, dict[int, object]] = {}     # name → {version: function}
+        self.payloads: dict[tuple[str, int], dict] = {}       # what task workers load
+        self.current: dict[str, int] = {}                     # name → version new leases get
+        self.held: dict[str, Held] = {}                       # lease id → its running episodes
+        self.hung: list[tuple[str, Future]] = []              # (task, future) given up on
+
+    def install(self, payload) -> tuple[str, str]:
+        """Load a version and make it current: ("", "") or (error, traceback)."""
+        fn, error, tb = load_behavior(payload)
+        if fn is None:
+            return error, tb
+        versions = self.behaviors.setdefault(payload["name"], {})
+        versions[payload["version"]] = fn
+        self.payloads[(payload["name"], payload["version"])] = payload
+        for old in sorted(versions)[:-KEEP_VERSIONS]:
+            if old != payload["version"]:
+                del versions[old]
+        self.current[payload["name"]] = payload["version"]
+        return "", ""
+
+    def start(self, lease: dict) -> list[dict] | None:
+        """Run a lease's episodes; its failed results at once if its version is not loaded here."""
+        fn = self.behaviors.get(lease["behavior"], {}).get(lease["version"])
+        if fn is None:
+            return [failed(ep["episode_id"], f"behavior {lease['behavior']} v{lease['version']} "
+                           "could not be loaded here") for ep in lease["episodes"]]
+        futures = self.isolation.submit(lease, fn, self.payloads[(lease["behavior"], lease["version"])])
+        self.held[lease["lease_id"]] = Held(lease, futures, time.monotonic() + float(lease.get("timeout_s", 120.0)))
+        return None
+
+    def busy(self) -> int:
+        """Episodes running now."""
+        return sum(len(h.futures) for h in self.held.values())
+
+    def abandon(self, lease_id: str, cause: str) -> None:
+        """The registry expired this lease: give it back, failed, at the next ``finished``."""
+        if lease_id in self.held:
+            self.held[lease_id].abandoned, self.held[lease_id].give_up_at = cause[:200], 0.0
+
+    def drop(self, lease_id: str) -> dict | None:
+        """Forget a lease (its episodes finish on their own, their results unread)."""
+        held = self.held.pop(lease_id, None)
+        return held.lease if held else None
+
+    def finished(self) -> list[tuple[dict, list[dict]]]:
+        """(lease, results) of every lease that is done or out of time, removed from ``held``."""
+        now, out = time.monotonic(), []
+        for lease_id, held in list(self.held.items()):
+            if now <= held.give_up_at and not all(f.done() for f in held.futures):
+                continue
+            del self.held[lease_id]
+            lease, results = held.lease, []
+            for ep, f in zip(lease["episodes"], held.futures):
+                if f.done():
+                    results.append(f.result())
+                else:
+                    self.hung.append((lease["task_name"], f))
+                    results.append(failed(ep["episode_id"], f"timeout: {held.abandoned}" if held.abandoned else
+                                          f"timeout: still running after {float(lease.get('timeout_s', 120)):g} s"))
+            for r in results:
+                r.pop("traceback", None)
+            out.append((lease, results))
+        return out
+
+    def still_hung(self) -> list[tuple[str, Future]]:
+        """Episodes given up on that are still running (their threads are not free)."""
+        self.hung = [(task, f) for task, f in self.hung if not f.done()]
+        return self.hung
+
+    def close(self) -> None:
+        self.isolation.close()
