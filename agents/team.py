@@ -19,7 +19,7 @@ import random
 
 from agents import arithmetic
 from agents.arithmetic import tasks  # noqa: F401  - the task stream: 2-digit additions
-from actorjet.serving.zoo import judge_prompt
+from actorjet.models.zoo import judge_prompt
 
 JUDGE_EVAL_SEED = 777
 

@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 import actorjet  # noqa: F401  - sets thespian's timings first
-from actorjet.job import normalize, prepare, tree_path
+from actorjet.config import normalize, tree_path
+from actorjet.models.prepare import prepare
 from actorjet.runtime.head import Head
-from actorjet.runtime.spec import load_tree
+from actorjet.runtime.tree_spec import load_tree
 from actorjet.runtime.system import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"

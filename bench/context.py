@@ -92,8 +92,8 @@ def grpo_group(samples: int, s: int, vocab: int, rng) -> list:
 def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
     """Calls recorded by the real gateway from a 3-turn agent using the openai SDK."""
     from actorjet import signing
-    from actorjet.serving.engine import TransformersEngine
-    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.transformers_engine import TransformersEngine
+    from actorjet.serving.gateway_app import GatewayApp, local_backend
     from actorjet.serving.serve import AppServer
     from actorjet.runner.llm import LLM
     from agents import multiturn
@@ -143,7 +143,8 @@ def step_times(model, packings: dict[str, list[dict]], repeats: int) -> dict[str
 def main() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from actorjet.job import normalize, prepare
+    from actorjet.config import normalize
+    from actorjet.models.prepare import prepare
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="tiny-arith,smollm2-135m")

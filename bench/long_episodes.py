@@ -43,10 +43,10 @@ from common import table, write  # noqa: E402
 from actorjet import signing  # noqa: E402
 from actorjet.rl import pack  # noqa: E402
 from actorjet.rl.batching import BatchConfig, next_batch  # noqa: E402
-from actorjet.serving import zoo  # noqa: E402
-from actorjet.serving.engine import TransformersEngine  # noqa: E402
-from actorjet.serving.episode_store import EpisodeStore  # noqa: E402
-from actorjet.serving.gateway import GatewayApp, local_backend  # noqa: E402
+from actorjet.models import zoo  # noqa: E402
+from actorjet.serving.transformers_engine import TransformersEngine  # noqa: E402
+from actorjet.store.episode_store import EpisodeStore  # noqa: E402
+from actorjet.serving.gateway_app import GatewayApp, local_backend  # noqa: E402
 from actorjet.serving.serve import AppServer  # noqa: E402
 
 SECRET = "bench"

@@ -190,8 +190,9 @@ def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from actorjet.rl.samples import call_sample, group_advantages
-    from actorjet.job import normalize, prepare
-    from actorjet.serving.engine import GenRequest, TransformersEngine
+    from actorjet.config import normalize
+    from actorjet.models.prepare import prepare
+    from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
     from actorjet.rl.grpo import GRPOConfig, grpo_step
     task_module = importlib.import_module(TASKS.get(model, "digits_task"))
     max_tokens = getattr(task_module, "MAX_TOKENS", 4)

@@ -40,7 +40,7 @@ from common import table, write  # noqa: E402
 
 from actorjet.research.controller import score  # noqa: E402
 from actorjet.research.plan import SEED_BASE  # noqa: E402
-from actorjet.research.spec import apply, load_study  # noqa: E402
+from actorjet.research.study_spec import apply, load_study  # noqa: E402
 
 STUDY = REPO / "agents" / "studies" / "lr.toml"
 

@@ -59,7 +59,7 @@ def main() -> int:
         finished = head.status()["groups"]["finished"]
     finally:
         head.stop()
-    from actorjet.serving.episode_store import EpisodeStore
+    from actorjet.store.episode_store import EpisodeStore
     store = EpisodeStore(next(run.rglob("episodes-policy.sqlite")))
     counts = store.counts()              # retired groups included
     store.close_db()

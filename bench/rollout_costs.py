@@ -10,7 +10,7 @@ process, alternating in rounds, and reports CPU time (``time.process_time``) per
                   stdlib server in another process answers): the SDK's default httpx
                   transport vs ActorJet's lean transport (runner/transport.py)
   engine sampling a 128-request batch of tiny-arith, 4 tokens: one multinomial per row vs
-                  one per batch (serving/engine.py, _sample)
+                  one per batch (serving/transformers_engine.py, _sample)
   engine batch    the same 128 requests generated as 4 batches of 32 vs 1 of 128 (what the
                   busy batching window buys: batches grew from ~38 to ~58 requests)
   engine wakeups  a /generate call of 64 requests answered from the batcher's thread: the
@@ -94,8 +94,8 @@ def sdk_call(rounds: int) -> dict:
 def engine_batches(rounds: int) -> tuple[dict, dict]:
     import torch
 
-    from actorjet.serving import zoo
-    from actorjet.serving.engine import GenRequest, TransformersEngine
+    from actorjet.models import zoo
+    from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
     from agents import arithmetic
 
     torch.set_num_threads(1)              # as the engine actor runs a small model
@@ -164,8 +164,8 @@ def engine_wakeups(rounds: int) -> dict:
 
 def gateway_prompt(rounds: int) -> dict:
     from actorjet.serving import openai_api as api
-    from actorjet.serving import zoo
-    from actorjet.serving.gateway import GatewayApp
+    from actorjet.models import zoo
+    from actorjet.serving.gateway_app import GatewayApp
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(zoo.resolve("tiny-arith", 0))

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import actorjet  # noqa: E402,F401
 from actorjet.runtime import messages as m  # noqa: E402
 from actorjet.runtime.head import Head, attach_root, status  # noqa: E402
-from actorjet.runtime.spec import load_tree  # noqa: E402
+from actorjet.runtime.tree_spec import load_tree  # noqa: E402
 from swarm import Swarm, free_port, wait_until  # noqa: E402
 
 TREES = HERE.parent / "tests" / "trees"
@@ -141,7 +141,7 @@ def quickstart_step_time(tmp: Path, steps: int) -> list[float]:
     import contextlib
     import io
 
-    from actorjet import metrics
+    from actorjet.monitor import metrics
     from actorjet.cli.main import main as cli
 
     with contextlib.redirect_stdout(io.StringIO()):

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table, write  # noqa: E402
 
-from actorjet.serving.records import CallRecord  # noqa: E402
+from actorjet.store.records import CallRecord  # noqa: E402
 
 GROUP = 8
 
@@ -51,7 +51,7 @@ def per_episode(marks: tuple, episodes: int) -> dict:
 
 
 def after(tmp: Path, groups: int, turn: int) -> dict:
-    from actorjet.serving.episode_store import EpisodeStore
+    from actorjet.store.episode_store import EpisodeStore
 
     gateway, learner = EpisodeStore(tmp / "s.sqlite"), EpisodeStore(tmp / "s.sqlite")
     all_records = [r for g in range(groups) for r in records(g)]
@@ -76,7 +76,7 @@ def after(tmp: Path, groups: int, turn: int) -> dict:
 
 def before(tmp: Path, groups: int) -> dict:
     from actorjet.ledger import Ledger
-    from actorjet.serving.records import CallStore
+    from actorjet.store.records import CallStore
 
     gateway, ledger = CallStore(), Ledger(tmp)
     t0 = time.process_time()

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import psutil  # noqa: E402
 
-from actorjet import metrics  # noqa: E402
+from actorjet.monitor import metrics  # noqa: E402
 from actorjet.cli.top import Poller  # noqa: E402
 from common import table, write  # noqa: E402
 from jobs import tiny_arith  # noqa: E402

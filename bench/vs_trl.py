@@ -60,9 +60,9 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from actorjet.serving import zoo
-    from actorjet.serving.evaluate import greedy_accuracy
-    from actorjet.serving.heldout import eval_spec
+    from actorjet.models import zoo
+    from actorjet.models.evaluate import greedy_accuracy
+    from actorjet.models.heldout import eval_spec
     from agents import arithmetic
 
     torch.manual_seed(seed)
@@ -123,15 +123,16 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actorjet import metrics
+    from actorjet.monitor import metrics
     from actorjet.cli.train_cmds import QUICKSTART_JOB
-    from actorjet.job import normalize, prepare, tree_path
+    from actorjet.config import normalize, tree_path
+    from actorjet.models.prepare import prepare
     from actorjet.runtime.head import Head
-    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.tree_spec import load_tree
     from actorjet.runtime.system import free_port
-    from actorjet.serving.episode_store import path_for
-    from actorjet.serving.evaluate import greedy_accuracy
-    from actorjet.serving.heldout import eval_spec
+    from actorjet.store.episode_store import path_for
+    from actorjet.models.evaluate import greedy_accuracy
+    from actorjet.models.heldout import eval_spec
 
     spec = copy.deepcopy(QUICKSTART_JOB)
     spec["train"].update(steps=steps, seed=0)

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import table, write  # noqa: E402
 
 from actorjet.rl import lora  # noqa: E402
-from actorjet.serving import weights, zoo  # noqa: E402
+from actorjet.serving import weights  # noqa: E402
+from actorjet.models import zoo  # noqa: E402
 
 
 def old_publish(model, path: Path, recycle: Path) -> int:

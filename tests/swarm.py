@@ -233,7 +233,7 @@ def recorded_calls(run: Path, model: str) -> list[dict]:
     """Every finished episode's calls a run recorded for ``model``: still in its episode store,
     or archived by retention (the job needs ``keep_trajectories = true``).  Compact calls
     (actorjet/rl/calls.py): whole prompts through ``calls.prompt_ids``."""
-    from actorjet.serving.trajectories import archived, stored
+    from actorjet.store.trajectories import archived, stored
 
     out = []
     for path, read in ((run / "trajectories" / f"{model}.jsonl", archived), (run / f"episodes-{model}.sqlite", stored)):

@@ -4,7 +4,7 @@ import pytest
 from actorjet.rl import align
 from actorjet.rl.pack import full_ids, pack
 from actorjet.errors import UserError
-from actorjet.job import normalize
+from actorjet.config import normalize
 
 
 def _call(prompt, completion, index, tools=None, messages=None):
@@ -17,7 +17,7 @@ def _call(prompt, completion, index, tools=None, messages=None):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from actorjet.serving import zoo
+    from actorjet.models import zoo
     return AutoTokenizer.from_pretrained(zoo.resolve("smollm2-135m"))
 
 

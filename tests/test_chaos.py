@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from actorjet.serving.episode_store import EpisodeStore
-from actorjet.serving.trajectories import archived, stored
+from actorjet.store.episode_store import EpisodeStore
+from actorjet.store.trajectories import archived, stored
 from swarm import REPO, complete_groups, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]

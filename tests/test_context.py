@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from actorjet.rl.calls import prompt_ids, prompt_len
 from actorjet.rl.pack import full_ids, pack, repair_drift
 from actorjet.rl import exact_attention
-from actorjet.serving import zoo
+from actorjet.models import zoo
 from actorjet.rl.grpo import MIN_ROWS, GRPOConfig, collate, grpo_step, term_logprobs
 
 VOCAB = range(4, 21)
@@ -189,8 +189,8 @@ def test_real_multi_turn_episodes_through_the_gateway_merge_exactly(model):
     recorded calls merge (drift repaired where the template re-encodes an answer) into fewer
     sequences whose logprobs equal each call's own, and every sampled token is trained once."""
     from actorjet import signing
-    from actorjet.serving.engine import TransformersEngine
-    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.transformers_engine import TransformersEngine
+    from actorjet.serving.gateway_app import GatewayApp, local_backend
     from actorjet.serving.serve import AppServer
     from actorjet.runner.llm import LLM
     from agents import multiturn

@@ -4,8 +4,8 @@ import time
 import pytest
 import torch
 
-from actorjet.serving import zoo
-from actorjet.serving.engine import BatchingEngine, GenRequest, GenResult, TransformersEngine
+from actorjet.models import zoo
+from actorjet.serving.transformers_engine import BatchingEngine, GenRequest, GenResult, TransformersEngine
 from actorjet.serving.weights import publish
 
 
@@ -154,7 +154,7 @@ def test_a_conversation_keeps_its_kv_cache_and_prefills_only_new_tokens():
     earlier tokens reuses only what is shared, and new weights make the cache stale."""
     import random
 
-    from actorjet.serving.engine import GenRequest, TransformersEngine
+    from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 
     engine = TransformersEngine(zoo.resolve("tiny-long"), start_thread=False, prefix_cache_mb=64)
     rng = random.Random(0)

@@ -9,10 +9,10 @@ import pytest
 from actorjet import signing
 from actorjet.runner.llm import LLM
 
-from actorjet.serving import zoo
-from actorjet.serving.engine import TransformersEngine
+from actorjet.models import zoo
+from actorjet.serving.transformers_engine import TransformersEngine
 from actorjet.serving import render as render_module
-from actorjet.serving.gateway import GatewayApp, local_backend
+from actorjet.serving.gateway_app import GatewayApp, local_backend
 from actorjet.serving.serve import AppServer
 
 SECRET = "test-secret"
@@ -193,7 +193,7 @@ def test_engine_client_sends_concurrent_requests_together_and_never_leaves_one_w
 
     from actorjet.serving.batching_engine import GenRequest
     from actorjet.actors.engine import engine_app
-    from actorjet.serving.gateway import EngineUnavailable
+    from actorjet.serving.gateway_app import EngineUnavailable
     from actorjet.actors.gateway import HttpEngineBackend
 
     engine = TransformersEngine(zoo.tiny_arith(0), seed=0)

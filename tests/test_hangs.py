@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from actorjet.serving import zoo
-from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.models import zoo
+from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 from jobs import tiny_arith
 from swarm import REPO, pid_of, wait_until
 

@@ -206,7 +206,7 @@ def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm,
     # the model node sees neither the head's run directory nor its model cache, nor the
     # package's shipped checkpoint (hidden under empty mounts, as on an install without it):
     # it builds its own copy of the model and keeps its files in its own home
-    from actorjet.serving.zoo import SHIPPED, cache_dir
+    from actorjet.models.zoo import SHIPPED, cache_dir
     cache = tmp_path / "modelbox-cache"
     swarm.join(port, token, "modelbox", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
                prefix=modelbox.without(run, cache_dir(), SHIPPED))

@@ -6,8 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actorjet.rl.samples import call_sample, group_advantages, reward_for
-from actorjet.serving import zoo
-from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.models import zoo
+from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, micro_batches, term_logprobs
 
 

@@ -18,12 +18,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actorjet.cli.main import main
 from actorjet.errors import UserError
-from actorjet.job import normalize
+from actorjet.config import normalize
 from actorjet.rl import lora
 from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, term_logprobs
 from actorjet.rl.samples import call_sample
-from actorjet.serving import weights, zoo
-from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.serving import weights
+from actorjet.models import zoo
+from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 
 CFG = lora.check({"r": 4, "alpha": 8}, "test")
 
@@ -306,9 +307,9 @@ def test_one_engine_serves_two_adapters_of_one_base_each_at_its_own_version(mode
 
 
 def test_a_shared_base_is_checked_and_its_engine_is_refused_in_the_tree():
-    from actorjet.job import engine_of, load_job, sharing
+    from actorjet.config import engine_of, load_job, sharing
     from actorjet.runtime.head import refuse_engines_of_adapters
-    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.tree_spec import load_tree
     from swarm import REPO
 
     lora_ = {"r": 4}

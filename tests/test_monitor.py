@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from actorjet import metrics
+from actorjet.monitor import metrics
 from jobs import tiny_arith
 from swarm import REPO, wait_until
 
@@ -150,7 +150,7 @@ def test_malformed_metric_lines_are_skipped_and_counted(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
     rows, bad = metrics.read_counted(tmp_path)
     assert [r["kind"] for r in rows] == ["train", "eval", "train"] and bad == 2
-    from actorjet import report
+    from actorjet.monitor import report
 
     page = report.build(tmp_path).read_text()      # the wrongly typed line is skipped as well
     assert "3 malformed" in page and "data:image/png;base64," in page

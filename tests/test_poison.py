@@ -17,15 +17,15 @@ from hypothesis import strategies as st
 
 from actorjet import signing
 
-from actorjet.serving import zoo
+from actorjet.models import zoo
 from actorjet.serving.batching_engine import RequestFailed
-from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 from actorjet.actors.engine import engine_app
-from actorjet.serving.gateway import GatewayApp, local_backend
+from actorjet.serving.gateway_app import GatewayApp, local_backend
 from actorjet.actors.gateway import HttpEngineBackend
 from actorjet.serving.openai_api import ApiError
-from actorjet.serving.episode_store import EpisodeStore
-from actorjet.serving.records import CallRecord, Tails, encode
+from actorjet.store.episode_store import EpisodeStore
+from actorjet.store.records import CallRecord, Tails, encode
 from actorjet.serving.serve import AppServer
 from actorjet.rl.rewards import bad_reward
 from swarm import REPO, wait_until
@@ -247,7 +247,7 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
 
     # 2. poison deeper down (a group stored before rewards were checked): quarantined, training goes on
     db = sqlite3.connect(run / "episodes-policy.sqlite", timeout=30)
-    def call(episode_id):       # a row as the gateway writes it (serving/records.py)
+    def call(episode_id):       # a row as the gateway writes it (store/records.py)
         return encode(CallRecord(episode_id, "policy", "default", 0, 0, [5, 6], [7], [-0.1], 0, 1.0), Tails())
     with db:
         db.execute("INSERT INTO groups (group_id, task_name, behavior, version, size, complete_at) "

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from actorjet.rl import pack
 from actorjet.rl.batching import credit
 from actorjet.rl.pack import _PackTrie, _hash, _linear, _terms, prefix_hashes
-from actorjet.serving.episode_store import EpisodeStore
-from actorjet.serving.records import CallRecord
+from actorjet.store.episode_store import EpisodeStore
+from actorjet.store.records import CallRecord
 
 
 # -- the oracle: the whole-prompt packing as it was (git 76ca5fa, rl/pack.py) -------------------

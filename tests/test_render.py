@@ -8,7 +8,7 @@ import random
 import pytest
 from tokenizers import AddedToken
 
-from actorjet.serving import zoo
+from actorjet.models import zoo
 from actorjet.serving.render import Renderer
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate",
@@ -96,8 +96,8 @@ def test_long_conversations_through_the_gateway_bad_input_included():
     import openai
 
     from actorjet import signing
-    from actorjet.serving.engine import TransformersEngine
-    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.serving.transformers_engine import TransformersEngine
+    from actorjet.serving.gateway_app import GatewayApp, local_backend
     from actorjet.serving.serve import AppServer
 
     engine = TransformersEngine(zoo.resolve("tiny-long"))

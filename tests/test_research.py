@@ -15,8 +15,8 @@ import pytest
 from actorjet.errors import UserError
 from actorjet.research import planner
 from actorjet.research.plan import check_budget, make_plan
-from actorjet.research.registry import StudyRegistry
-from actorjet.research.spec import check_study
+from actorjet.research.study_db import StudyRegistry
+from actorjet.research.study_spec import check_study
 from actorjet.research.stats import diff_ci, mean_ci, t_quantile
 from swarm import REPO, Proc, wait_until
 

@@ -15,8 +15,8 @@ import pytest
 
 from actorjet.cli.main import main as cli
 from actorjet.rl.batching import BatchConfig, next_batch
-from actorjet.serving.episode_store import EpisodeStore
-from actorjet.serving.records import CallRecord
+from actorjet.store.episode_store import EpisodeStore
+from actorjet.store.records import CallRecord
 
 GROUP = 4
 
@@ -73,7 +73,7 @@ import json, os, random, sys, time
 sys.path.insert(0, sys.argv[3])
 from test_retention import record_group
 from actorjet.rl.batching import BatchConfig, next_batch
-from actorjet.serving.episode_store import EpisodeStore
+from actorjet.store.episode_store import EpisodeStore
 role, run = sys.argv[1], sys.argv[2]
 store = EpisodeStore(os.path.join(run, "episodes-policy.sqlite"))
 if role == "gateway":

@@ -18,9 +18,9 @@ pytestmark = [pytest.mark.slow,
 def served():
     import torch
 
-    from actorjet.serving import zoo
-    from actorjet.serving.engine import TransformersEngine
-    from actorjet.serving.gateway import GatewayApp, local_backend
+    from actorjet.models import zoo
+    from actorjet.serving.transformers_engine import TransformersEngine
+    from actorjet.serving.gateway_app import GatewayApp, local_backend
     from actorjet.serving.serve import AppServer
 
     torch.set_num_threads(2)

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from actorjet.errors import UserError
-from actorjet.runtime.spec import ChildSpec, find, load_tree, parse_tree
+from actorjet.runtime.tree_spec import ChildSpec, find, load_tree, parse_tree
 from swarm import REPO
 
 GOOD = """

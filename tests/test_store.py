@@ -5,8 +5,8 @@ tested in test_desks.py; the whole path in a live swarm in test_training.py and 
 import json
 
 from actorjet.rl.batching import BatchConfig, compose, next_batch
-from actorjet.serving.episode_store import EpisodeStore
-from actorjet.serving.records import CallRecord
+from actorjet.store.episode_store import EpisodeStore
+from actorjet.store.records import CallRecord
 
 
 def record(store, episode_id, prompt=(5, 6, 7)):

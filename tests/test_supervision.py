@@ -7,7 +7,7 @@ import pytest
 
 from actorjet.runtime import messages as m
 from actorjet.runtime.head import Head
-from actorjet.runtime.spec import parse_tree
+from actorjet.runtime.tree_spec import parse_tree
 from swarm import free_port, wait_until
 
 TREE = """

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from actorjet.rl.calls import prompt_ids
-from actorjet.serving.episode_store import EpisodeStore
+from actorjet.store.episode_store import EpisodeStore
 from swarm import REPO, recorded_calls, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]

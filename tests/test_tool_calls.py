@@ -1,5 +1,5 @@
 """Tool calls for chat templates that know no tools (serving/tool_calls.py), multi-turn held-out
-evaluation (serving/evaluate.py) and the calculator agent's environment (agents/calculator.py),
+evaluation (models/evaluate.py) and the calculator agent's environment (agents/calculator.py),
 with the real gateway, engine and tiny model."""
 import json
 
@@ -7,10 +7,10 @@ import openai
 import pytest
 
 from actorjet import signing
-from actorjet.serving import evaluate, zoo
-from actorjet.serving.engine import TransformersEngine
-from actorjet.serving.gateway import GatewayApp, local_backend
-from actorjet.serving.heldout import eval_spec
+from actorjet.models import evaluate, zoo
+from actorjet.serving.transformers_engine import TransformersEngine
+from actorjet.serving.gateway_app import GatewayApp, local_backend
+from actorjet.models.heldout import eval_spec
 from actorjet.serving.serve import AppServer
 from actorjet.serving.tool_calls import MAX_CLOSERS, format_call, inline_tools, split_pythonic, template_knows_tools
 from agents import arithmetic, calculator

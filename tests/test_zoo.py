@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from actorjet.errors import UserError
-from actorjet.serving import zoo
+from actorjet.models import zoo
 
 # sha256 of the shipped weights: changing them changes every figure the docs quote
 SHIPPED_SHA256 = "2387e30c144bce3e845f8a763f2244ce0c780d7e2cf62e294340ca98170102fb"
@@ -29,9 +29,9 @@ ACCURACY = """
 import sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from actorjet.serving import zoo
-from actorjet.serving.evaluate import greedy_accuracy
-from actorjet.serving.heldout import eval_spec
+from actorjet.models import zoo
+from actorjet.models.evaluate import greedy_accuracy
+from actorjet.models.heldout import eval_spec
 path = zoo.resolve("tiny-arith", 0)
 model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 print(greedy_accuracy(model, tok, eval_spec("agents.arithmetic", "policy")))
@@ -68,6 +68,6 @@ def test_only_the_shipped_seed_can_be_checked():
 @pytest.mark.parametrize("argv, says", [(["tiny-arith", "x", "--rebuild"], "usage:"), (["tiny-arith"], "usage:"),
                                          (["tiny-judge", "0", "--rebuild"], "only tiny-arith has")])
 def test_the_rebuild_command_answers_a_mistake_in_one_line(argv, says):
-    out = subprocess.run([sys.executable, "-m", "actorjet.serving.zoo", *argv], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "actorjet.models.zoo", *argv], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -19,7 +19,8 @@ from datetime import timedelta
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.job import model_config_here, sharing
+from actorjet.models.prepare import model_config_here
+from actorjet.config import sharing
 from actorjet.serving.batching_engine import GenRequest, RequestFailed
 from actorjet.serving import weights
 from actorjet.serving.serve import AppServer
@@ -40,7 +41,7 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
         from actorjet.serving.vllm_engine import VLLMEngine
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
                           seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True, lora=cfg.get("lora"))
-    from actorjet.serving.engine import TransformersEngine
+    from actorjet.serving.transformers_engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
                               max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"),
                               adapters=adapters, prefix_cache_mb=cfg.get("prefix_cache_mb", 1024.0))

@@ -1,6 +1,6 @@
 """The gateway actor: runs one model's OpenAI-compatible gateway and relays its events.
 
-It opens the model's episode store on this node (serving/episode_store.py): the gateway
+It opens the model's episode store on this node (store/episode_store.py): the gateway
 writes every call and every finished episode's reward there; the learner reads it.
 
 The HTTP server lives in a thread; control-plane traffic (client-mode episode events to
@@ -19,11 +19,12 @@ from datetime import timedelta
 import aiohttp
 from thespian.actors import WakeupMessage
 
-from actorjet.job import engine_of, model_config_here
+from actorjet.config import engine_of
+from actorjet.models.prepare import model_config_here
 from actorjet.runtime import endpoints
-from actorjet.serving import episode_store
+from actorjet.store import episode_store
 from actorjet.serving.batching_engine import GenRequest, GenResult
-from actorjet.serving.gateway import GatewayApp
+from actorjet.serving.gateway_app import GatewayApp
 from actorjet.serving.openai_api import EngineUnavailable
 from actorjet.serving.openai_api import ApiError
 from actorjet.serving.serve import AppServer

@@ -31,11 +31,13 @@ from urllib.parse import urlsplit
 
 import torch
 
-from actorjet.job import engine_of, model_config_here
-from actorjet.serving.evaluate import greedy_accuracy
-from actorjet.serving.heldout import eval_spec
+from actorjet.config import engine_of
+from actorjet.models.prepare import model_config_here
+from actorjet.models.evaluate import greedy_accuracy
+from actorjet.models.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
-from actorjet.serving import episode_store, threads, weights
+from actorjet.store import episode_store
+from actorjet.serving import threads, weights
 from actorjet.rl import align, exact_attention, lora, pack
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step

@@ -15,7 +15,7 @@ def add_report(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from actorjet import report
+    from actorjet.monitor import report
 
     print(f"wrote {report.build(args.run_dir, args.out)}")
     return 0
@@ -77,7 +77,7 @@ def add_export(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    from actorjet.serving.export import export
+    from actorjet.models.export import export
 
     info = export(args.run_dir, args.model, args.out)
     merged = ", LoRA merged" if info["lora_merged"] else ""
@@ -103,7 +103,7 @@ def add_export_data(sub) -> None:
 
 
 def cmd_export_data(args) -> int:
-    from actorjet.serving.trajectories import export_data
+    from actorjet.store.trajectories import export_data
 
     info = export_data(args.run_dir, args.out)
     print(f"wrote {info['out']}: {info['episodes']} episodes, {info['calls']} calls")

@@ -66,9 +66,10 @@ def add_start(sub) -> None:
 
 
 def cmd_start(args) -> int:
-    from actorjet.job import load_job, normalize, prepare, tree_path
+    from actorjet.config import load_job, normalize, tree_path
+    from actorjet.models.prepare import prepare
     from actorjet.runtime.head import Head
-    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.tree_spec import load_tree
 
     tree = load_tree(args.tree or tree_path("default.toml"))
     job = prepare(load_job(args.config) if args.config else normalize({}))

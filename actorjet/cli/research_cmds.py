@@ -35,7 +35,7 @@ def add_research(sub) -> None:
 
 def cmd_plan(args) -> int:
     from actorjet.research.plan import check_budget, make_plan
-    from actorjet.research.spec import load_study
+    from actorjet.research.study_spec import load_study
 
     study = load_study(args.study)
     plan = make_plan(study)
@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
     from actorjet.research import study_report
     from actorjet.research.controller import Controller
     from actorjet.research.plan import check_budget, make_plan
-    from actorjet.research.spec import load_study
+    from actorjet.research.study_spec import load_study
 
     study = load_study(args.study)
     check_budget(study, make_plan(study))
@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
 
 def cmd_status(args) -> int:
     from actorjet.errors import UserError
-    from actorjet.research.registry import StudyRegistry
+    from actorjet.research.study_db import StudyRegistry
 
     if not (Path(args.dir) / "study.sqlite").exists():
         raise UserError(f"{args.dir} holds no study")

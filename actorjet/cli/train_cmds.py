@@ -38,11 +38,12 @@ def cmd_quickstart(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from actorjet import metrics
+    from actorjet.monitor import metrics
     from actorjet.errors import UserError
-    from actorjet.job import normalize, prepare, tree_path
+    from actorjet.config import normalize, tree_path
+    from actorjet.models.prepare import prepare
     from actorjet.runtime.head import Head
-    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.tree_spec import load_tree
     from actorjet.runtime.system import free_port
 
     if args.steps < 1 or args.runners < 1:
@@ -73,7 +74,7 @@ def cmd_quickstart(args) -> int:
     console.print(f"held-out greedy accuracy (512 problems): [bold]{before:.1%}[/bold] before → "
                   f"[bold green]{after:.1%}[/bold green] after {evals[-1]['step']} steps "
                   f"({after - before:+.1%})")
-    from actorjet import report
+    from actorjet.monitor import report
     console.print(f"metrics: {run_dir / 'metrics.jsonl'}   plot: {plot}")
     console.print(f"report: {report.build(run_dir)}")
     console.print(f"wall time: {time.time() - started:.0f} s")
@@ -81,7 +82,7 @@ def cmd_quickstart(args) -> int:
 
 
 def _train(head, run_dir, steps, console, Progress, BarColumn, TextColumn, TimeElapsedColumn) -> None:
-    from actorjet import metrics
+    from actorjet.monitor import metrics
     from actorjet.errors import UserError
     from actorjet.runtime import messages as m
 

@@ -15,14 +15,15 @@ import time
 from pathlib import Path
 from collections import deque
 
-from actorjet import behaviors, metrics
+from actorjet import behaviors
+from actorjet.monitor import metrics
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.clients import ClientDesk
 from actorjet.registry.counters import Counters
 from actorjet.registry.leases import LeaseDesk, Out
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
-from actorjet.tensorboard_events import EventWriter
+from actorjet.monitor.tensorboard_events import EventWriter
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
@@ -157,7 +158,7 @@ class EpisodeDesk:
             if source is not None:
                 error = f"task {msg.name!r} exists already"
             else:
-                from actorjet.job import TASK_DEFAULTS, _section
+                from actorjet.config import TASK_DEFAULTS, _section
                 from actorjet.errors import UserError
                 try:
                     cfg = _section({**msg.config, "name": msg.name}, TASK_DEFAULTS, f"task {msg.name}")

@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from actorjet import metrics
+from actorjet.monitor import metrics
 from actorjet.research import plan as planning
 from actorjet.research import stats
-from actorjet.research.registry import StudyRegistry
-from actorjet.research.spec import apply, distributions, within
+from actorjet.research.study_db import StudyRegistry
+from actorjet.research.study_spec import apply, distributions, within
 
 POLL_S = 1.0
 STOP_GRACE_S = 30.0
@@ -54,7 +54,7 @@ class Controller:
         self.slot_of: dict[int, int] = {}          # trial id → its slot (of budget.parallel): fixes its port
         self.steps = study["base_job"]["train"]["steps"]
         self.out_of_budget = ""
-        from actorjet.job import prepare
+        from actorjet.models.prepare import prepare
 
         prepared = prepare(copy.deepcopy(study["base_job"]))
         self.model_paths = {m["name"]: m["path"] for m in prepared["models"]}

@@ -10,7 +10,7 @@ import json
 import os
 
 from actorjet.errors import UserError
-from actorjet.research.spec import KINDS, _knob
+from actorjet.research.study_spec import KINDS, _knob
 
 PROMPT = """You plan the explore stage of a reinforcement-learning study.
 Question: {question}

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 from actorjet.research import stats
-from actorjet.research.registry import StudyRegistry
+from actorjet.research.study_db import StudyRegistry
 
 
 def build(study_dir: str | Path) -> Path:
@@ -159,7 +159,7 @@ def _knob_importance(trials: list[dict], study: dict) -> dict:
     done = [t for t in trials if t["stage"] == "explore" and t["state"] == "done" and t["metric"] is not None]
     if len(done) < 3:
         return {}
-    from actorjet.research.spec import distributions
+    from actorjet.research.study_spec import distributions
 
     dists = distributions(study["knobs"])
     optuna.logging.set_verbosity(optuna.logging.WARNING)

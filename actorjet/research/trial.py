@@ -23,11 +23,12 @@ QUIET_S = 180.0      # no learner step for this long: the trial has failed
 
 
 def main(run_dir: str) -> int:
-    from actorjet import metrics
-    from actorjet.job import check_tasks, prepare, tree_path
+    from actorjet.monitor import metrics
+    from actorjet.models.prepare import check_tasks, prepare
+    from actorjet.config import tree_path
     from actorjet.runtime import messages as m
     from actorjet.runtime.head import Head
-    from actorjet.runtime.spec import load_tree
+    from actorjet.runtime.tree_spec import load_tree
     from actorjet.runtime.system import free_port
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # stopped: the head is stopped cleanly

@@ -1,7 +1,7 @@
 """A finished lease's rewards go to the episode store of every model, before the registry
 hears of them.
 
-The store of each model sits with its gateway (serving/episode_store.py); the runner already
+The store of each model sits with its gateway (store/episode_store.py); the runner already
 reaches every gateway for its LLM calls, so it posts the lease's good results to each
 gateway's ``/v1/actorjet/results``, each episode proven by its own key.  An episode whose
 reward could not be stored (a gateway down, a closed episode) is reported to the registry

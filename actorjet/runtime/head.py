@@ -20,7 +20,7 @@ import psutil
 from actorjet.errors import UserError
 from actorjet.runtime import messages as m
 from actorjet.runtime import system
-from actorjet.runtime.spec import ChildSpec
+from actorjet.runtime.tree_spec import ChildSpec
 from actorjet.runtime.supervisor import Supervisor
 
 ROOT_NAME = "actorjet-root"

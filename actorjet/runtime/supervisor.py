@@ -45,7 +45,7 @@ from actorjet.runtime import kinds
 from actorjet.runtime import messages as m
 from actorjet.runtime.backoff import Backoff
 from actorjet.runtime.child import ManagedActor
-from actorjet.runtime.spec import ChildSpec
+from actorjet.runtime.tree_spec import ChildSpec
 
 log = logging.getLogger("actorjet")
 

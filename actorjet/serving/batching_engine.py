@@ -2,7 +2,7 @@
 
 Requests that arrive close together are generated together; new weights are applied between
 batches, never inside one, and every result says which weight version produced it.  The
-transformers engine (serving/engine.py) and the vLLM engine (serving/vllm_engine.py) implement
+transformers engine (serving/transformers_engine.py) and the vLLM engine (serving/vllm_engine.py) implement
 ``_generate(reqs)`` and ``_load(path, adapter)``.
 """
 from __future__ import annotations

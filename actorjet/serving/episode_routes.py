@@ -24,7 +24,7 @@ from actorjet.rl.rewards import bad_reward
 
 
 class EpisodeRoutes:
-    """Handlers bound to one gateway (serving/gateway.py): its store, secret and writer thread."""
+    """Handlers bound to one gateway (serving/gateway_app.py): its store, secret and writer thread."""
 
     def __init__(self, gw):
         self.gw = gw

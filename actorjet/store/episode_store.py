@@ -17,12 +17,12 @@ another host's file).  Two processes open it, and nothing else travels between t
                                never trained, are pending again (a restarted learner pulls again)
               quarantine()     a group that cannot be trained, kept with its cause
               retain(k)        after a checkpoint at k: groups trained up to k leave the store,
-                               counted as retired (serving/store_upkeep.py)
+                               counted as retired (store/upkeep.py)
 
 So after any crash: complete = trained (retired included) + pending + quarantined, and no
 group is trained twice in the weights that survive.  WAL mode: the learner reads while the
 gateway writes.  Calls are kept as references to the longest prefix their episode recorded
-before (serving/records.py): O(new tokens) per call.
+before (store/records.py): O(new tokens) per call.
 """
 from __future__ import annotations
 
@@ -32,12 +32,12 @@ import threading
 import time
 from pathlib import Path
 
-from actorjet.serving import records as records_mod
+from actorjet.store import records as records_mod
 
 COLUMNS = records_mod.ROW_COLUMNS
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS calls (              -- serving/records.py: O(new tokens) per call
+CREATE TABLE IF NOT EXISTS calls (              -- store/records.py: O(new tokens) per call
     episode_id  TEXT NOT NULL,
     call_index  INTEGER NOT NULL,
     choice      INTEGER NOT NULL,
@@ -130,8 +130,8 @@ class EpisodeStore:
             raise UserError(f"the episode store {self.path} has format {version}, newer than this ActorJet "
                             f"reads ({FORMAT}): upgrade ActorJet, or start a new run directory")
         if "record" in old:
-            from actorjet.serving import store_upkeep
-            store_upkeep.migrate(self)
+            from actorjet.store import upkeep
+            upkeep.migrate(self)
         closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
         if closed and "cause" not in closed:
             self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
@@ -350,9 +350,9 @@ class EpisodeStore:
                 "SELECT group_id, quarantine FROM groups WHERE quarantine IS NOT NULL")]
 
     def retain(self, step: int, archive: Path | None = None, keep_closed_s: float = 7200.0) -> dict[str, int]:
-        """Retention after a checkpoint at ``step``: serving/store_upkeep.py."""
-        from actorjet.serving import store_upkeep
-        return store_upkeep.retain(self, step, archive, keep_closed_s)
+        """Retention after a checkpoint at ``step``: store/upkeep.py."""
+        from actorjet.store import upkeep
+        return upkeep.retain(self, step, archive, keep_closed_s)
 
     def counts(self) -> dict[str, int]:
         """Groups complete, trained, quarantined, pending; episodes in trained groups (what

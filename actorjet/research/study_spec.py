@@ -26,7 +26,7 @@ from pathlib import Path
 
 from actorjet.checks import int_in, is_number
 from actorjet.errors import UserError
-from actorjet.job import load_job, normalize
+from actorjet.config import load_job, normalize
 
 METRICS = ("final_accuracy", "auc", "steps_to")
 KINDS = ("log_uniform", "uniform", "int_uniform", "choice")
@@ -131,7 +131,7 @@ def _trials(table: dict, where: str, base_dir: Path) -> dict:
         raise UserError(f"{where}: field 'trials.token_file': nodes joined to a fixed trials.port need the "
                         "same token for every trial (write one to a file: `openssl rand -hex 16 > swarm.token`)")
     if trials["tree"]:
-        from actorjet.runtime.spec import load_tree
+        from actorjet.runtime.tree_spec import load_tree
 
         load_tree(trials["tree"])            # its mistakes are UserErrors naming file and line
     return trials
@@ -195,7 +195,7 @@ def _locate(job: dict, path: str) -> tuple[dict, str]:
 def _check_splits(job: dict, where: str) -> None:
     """A study selects on the ``validation`` split and reports on ``test``: some task must be
     evaluated, and every evaluated task must have both."""
-    from actorjet.serving.heldout import eval_spec
+    from actorjet.models.heldout import eval_spec
 
     evaluated = 0
     for task in job["tasks"]:

@@ -7,7 +7,7 @@ is what training runs report; ``test`` is kept for a study's final comparison.
 
 A multi-turn task defines ``eval_episode(task, chat) -> score`` instead of ``messages`` and
 ``score``: it plays the episode against ``chat(messages, tools=None, max_tokens=...)``, which
-answers greedily with an OpenAI-shaped message (serving/evaluate.py).  Its spec is then
+answers greedily with an OpenAI-shaped message (models/evaluate.py).  Its spec is then
 ``(eval_tasks, None, eval_episode)``.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The episode store's upkeep: retention and format migration (serving/episode_store.py).
+"""The episode store's upkeep: retention and format migration (store/episode_store.py).
 
 Kept apart from the store's everyday API because they run rarely and touch every table:
 ``retain`` after each learner checkpoint, ``migrate`` once when an older store is opened.
@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 from actorjet.runtime.logs import log
-from actorjet.serving import records as records_mod
-from actorjet.serving.episode_store import COLUMNS, FORMAT, SCHEMA, _Transaction
+from actorjet.store import records as records_mod
+from actorjet.store.episode_store import COLUMNS, FORMAT, SCHEMA, _Transaction
 
 
 def retain(store, step: int, archive: Path | None = None, keep_closed_s: float = 7200.0) -> dict[str, int]:
     """Retention: the groups trained at or before ``step`` (the newest checkpoint's: a
     restarted learner rewinds to it and never needs them) leave the store — calls, rewards
     and group rows — and are only counted (``retired``); with ``archive``, each of their
-    episodes is first appended to that JSONL file (compact: serving/trajectories.py reads
+    episodes is first appended to that JSONL file (compact: store/trajectories.py reads
     it).  Freed pages go back to the file system (incremental vacuum), so the store's size
     follows what is pending, not the length of the run.  Refused keys are remembered for
     ``keep_closed_s`` (longer than any episode may run); calls under a key nobody knows any

@@ -14,7 +14,7 @@ import io
 import time
 from pathlib import Path
 
-from actorjet import metrics
+from actorjet.monitor import metrics
 from actorjet.errors import UserError
 
 

@@ -3,7 +3,7 @@
 Two places hold them: the episode stores (``episodes-MODEL.sqlite``: what is pending, and what
 was trained after the newest checkpoint) and, with ``[train] keep_trajectories = true``, the
 archives that retention appends to before it deletes trained groups
-(``trajectories/MODEL.jsonl``, compact: serving/records.py ``portable``).  The export has one
+(``trajectories/MODEL.jsonl``, compact: store/records.py ``portable``).  The export has one
 row per LLM call, whole: messages, tools, prompt and completion ids, logprobs, weight version,
 the episode's reward and the step that trained it (null: not trained yet).  A call's row holds
 its whole prompt, so the export of a T-turn episode is O(T·C): it is written once, for people,
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from actorjet.errors import UserError
-from actorjet.serving.records import from_portable, whole
+from actorjet.store.records import from_portable, whole
 
 
 def _rows(model: str, episode: dict, calls: list[dict]) -> Iterator[dict]:
@@ -48,7 +48,7 @@ def archived(path: Path) -> Iterator[tuple[dict, list[dict]]]:
 
 
 def stored(path: Path) -> Iterator[tuple[dict, list[dict]]]:
-    from actorjet.serving.episode_store import EpisodeStore
+    from actorjet.store.episode_store import EpisodeStore
 
     store = EpisodeStore(path)
     try:

@@ -5,7 +5,7 @@ for completions, records every call (ids, logprobs, version, role) under the epi
 its API key belongs to, and answers in OpenAI's format — streaming included, as a replay
 of the recorded answer, so the tokens a client sees are exactly the ones trained on.
 
-Every call is written to the model's episode store (serving/episode_store.py) before its
+Every call is written to the model's episode store (store/episode_store.py) before its
 answer leaves: the calls of one turn of the event loop in one transaction, in a writer
 thread.  The rewards of finished episodes arrive here too, with the episode keys that prove
 them, and complete the model's GRPO groups; the learner pulls batches from the same store.
@@ -30,8 +30,8 @@ from actorjet.serving import tool_calls
 from actorjet.serving.batching_engine import GenRequest, GenResult, RequestFailed
 from actorjet.serving.episode_routes import EpisodeRoutes
 from actorjet.serving.openai_api import ApiError, EngineUnavailable
-from actorjet.serving.episode_store import EpisodeStore
-from actorjet.serving.records import CallRecord
+from actorjet.store.episode_store import EpisodeStore
+from actorjet.store.records import CallRecord
 from actorjet.serving.render import Renderer
 from actorjet.signing import bearer_ok
 
