@@ -29,28 +29,16 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import actorjet  # noqa: E402,F401
 import hosts  # noqa: E402
+import jobs  # noqa: E402
 from common import table, write  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-lr = 1e-4
-checkpoint_every = 5
-eval_every = 1000
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.flaky_arithmetic:behavior"
-[train]
-group_size = 8
-groups_per_step = 8
-steps = {steps}
-lease_timeout_s = 4.0
-episode_retries = 3
-runner_concurrency = 16
-"""
+def job(steps: int) -> str:
+    return jobs.tiny_arith(steps, group_size=8, groups_per_step=8, runner_concurrency=16,
+                           behavior="agents.flaky_arithmetic:behavior", model="lr = 1e-4\ncheckpoint_every = 5",
+                           train="lease_timeout_s = 4.0\nepisode_retries = 3")
+
+
 GROUP = 8
 
 
@@ -59,7 +47,7 @@ class Chaos:
         self.swarm, self.net, self.tmp, self.steps = swarm, net, tmp, steps
         self.run = tmp / "run"
         self.job = tmp / "job.toml"
-        self.job.write_text(JOB.format(steps=steps))
+        self.job.write_text(job(steps))
         self.tree = str(REPO / "supervisors" / "default.toml")
         self.head_host = net.host("head")
         self.head, self.port, self.token = swarm.head(self.run, self.tree, host=self.head_host,

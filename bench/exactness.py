@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 import test_context as T  # noqa: E402
 from actorjet.rl import exact_attention  # noqa: E402
-from actorjet.models import zoo
+from actorjet.models import zoo  # noqa: E402
 from actorjet.rl.grpo import collate, term_logprobs  # noqa: E402
 from common import table, write  # noqa: E402
 

@@ -33,26 +33,14 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import actorjet  # noqa: E402,F401
 from actorjet.cli.behavior_cmds import pickle_behavior, send  # noqa: E402
 from actorjet.behaviors import sign_upload  # noqa: E402
-from actorjet.registry import protocol as proto
+from actorjet.registry import protocol as proto  # noqa: E402
 from actorjet.runtime.head import attach_root, status  # noqa: E402
 import hosts  # noqa: E402
+import jobs  # noqa: E402
 from common import table, write  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 8
-groups_per_step = 4
-steps = 100000
-runner_concurrency = 8
-"""
+JOB = jobs.tiny_arith(100000, group_size=8, groups_per_step=4, runner_concurrency=8)
 
 BEHAVIOR = """
 def behavior(task, llm):

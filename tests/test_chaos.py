@@ -10,31 +10,15 @@ import pytest
 
 from actorjet.store.episode_store import EpisodeStore
 from actorjet.store.trajectories import archived, stored
+import jobs
 from swarm import REPO, complete_groups, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 STEPS = 40
-JOB = f"""
-[[models]]
-name = "policy"
-source = "tiny-arith"
-lr = 1e-4
-checkpoint_every = 5
-eval_every = 1000
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.flaky_arithmetic:behavior"
-[train]
-group_size = 8
-groups_per_step = 8
-steps = {STEPS}
-lease_timeout_s = 4.0
-episode_retries = 3
-keep_trajectories = true
-runner_concurrency = 16
-"""
+JOB = jobs.tiny_arith(STEPS, group_size=8, groups_per_step=8, runner_concurrency=16,
+                      behavior="agents.flaky_arithmetic:behavior", model="lr = 1e-4\ncheckpoint_every = 5",
+                      train="lease_timeout_s = 4.0\nepisode_retries = 3\nkeep_trajectories = true")
 
 
 def test_training_survives_killed_runners_node_gateway_and_learner(swarm, network, tmp_path):

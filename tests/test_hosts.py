@@ -13,27 +13,15 @@ import threading
 import psutil
 import pytest
 
+import jobs
 from swarm import REPO, recorded_calls, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-lr = 1e-4
-eval_every = {eval_every}
-checkpoint_every = 1000
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 8
-groups_per_step = 8
-steps = {steps}
-runner_concurrency = 16
-"""
+def job(steps: int, eval_every: int) -> str:
+    return jobs.tiny_arith(steps, group_size=8, groups_per_step=8, runner_concurrency=16, eval_every=eval_every,
+                           model="lr = 1e-4\ncheckpoint_every = 1000")
+
 
 CLIENT = textwrap.dedent("""
     import sys, actorjet
@@ -72,7 +60,7 @@ def head_log(run) -> str:
 
 def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, network, tmp_path):
     head, worker, laptop = network.host("head"), network.host("worker"), network.host("laptop")
-    (tmp_path / "job.toml").write_text(JOB.format(steps=30, eval_every=30))
+    (tmp_path / "job.toml").write_text(job(steps=30, eval_every=30))
     run = tmp_path / "run"
     # listening on every interface, advertising the one address other hosts can reach
     _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
@@ -105,7 +93,7 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
 
 def test_killed_gateway_returns_on_the_same_url_and_a_client_mode_user_finishes(swarm, network, tmp_path):
     head, laptop = network.host("head"), network.host("laptop")
-    (tmp_path / "job.toml").write_text(JOB.format(steps=100000, eval_every=100000))
+    (tmp_path / "job.toml").write_text(job(steps=100000, eval_every=100000))
     run = tmp_path / "run"
     _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
                                 extra=["--config", str(tmp_path / "job.toml")])
@@ -128,7 +116,7 @@ def test_killed_gateway_returns_on_the_same_url_and_a_client_mode_user_finishes(
 def test_a_node_that_only_connects_out_trains_through_the_door(swarm, network, tmp_path):
     head, laptop = network.host("head"), network.host("laptop")
     network.outbound_only(laptop)               # new inbound connections to the laptop are dropped
-    (tmp_path / "job.toml").write_text(JOB.format(steps=12, eval_every=1000))
+    (tmp_path / "job.toml").write_text(job(steps=12, eval_every=1000))
     run = tmp_path / "run"
     proc, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
                                    extra=["--config", str(tmp_path / "job.toml")])
@@ -194,7 +182,7 @@ period_s = 60
 def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm, network, tmp_path):
     head, modelbox, worker = network.host("head"), network.host("modelbox"), network.host("worker")
     (tmp_path / "tree.toml").write_text(MODEL_NODE_TREE)
-    (tmp_path / "job.toml").write_text(JOB.format(steps=12, eval_every=6).replace(
+    (tmp_path / "job.toml").write_text(job(steps=12, eval_every=6).replace(
         "checkpoint_every = 1000", "checkpoint_every = 6"))
     run = tmp_path / "run"
     _, port, token = swarm.head(run, str(tmp_path / "tree.toml"), host=head,
@@ -278,7 +266,7 @@ def test_an_engine_on_another_node_than_its_learner_gets_every_version_pushed(sw
     assert 'placement = { node = "infer" }' in ENGINE_APART_TREE and "modelbox" not in ENGINE_APART_TREE
     head, infer, worker = network.host("head"), network.host("infer"), network.host("worker")
     (tmp_path / "tree.toml").write_text(ENGINE_APART_TREE)
-    (tmp_path / "job.toml").write_text(JOB.format(steps=8, eval_every=1000).replace(
+    (tmp_path / "job.toml").write_text(job(steps=8, eval_every=1000).replace(
         "[train]", "[train]\nkeep_trajectories = true"))          # retention archives what it deletes
     run = tmp_path / "run"
     _, port, token = swarm.head(run, str(tmp_path / "tree.toml"), host=head,

@@ -8,24 +8,12 @@ import time
 
 import pytest
 
+import jobs
 from swarm import REPO, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
-JOB = """
-[[models]]
-name = "policy"
-source = "tiny-arith"
-[[tasks]]
-name = "arithmetic"
-source = "agents.arithmetic"
-behavior = "agents.arithmetic:behavior"
-[train]
-group_size = 4
-groups_per_step = 2
-steps = 100000
-runner_concurrency = 8
-"""
+JOB = jobs.tiny_arith(100000, group_size=4, groups_per_step=2, runner_concurrency=8)
 
 # Each version of the behavior writes "TAG episode_id" to a log, so the test can check that
 # the version an episode is labelled with is the code that really ran it.
@@ -60,7 +48,6 @@ TAMPER = """
 import sys
 import actorjet
 from actorjet.behaviors import sign_upload
-from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.head import attach_root, lookup
 port, token = int(sys.argv[1]), sys.argv[2]
