@@ -138,7 +138,9 @@ def call_macs(config, context_before: int, new: int, answer: int) -> float:
     """Multiply-accumulates of an exact forward pass that prefills ``new`` tokens after
     ``context_before`` cached ones and decodes ``answer`` more: the per-token projections and
     MLP (O(new)), plus each token's attention over every position before it (O(new x context)),
-    plus the output layer for the sampled tokens only.  The floor no cache can go below."""
+    plus the output layer for the sampled tokens only.  No cache can remove any of it: the
+    more an engine's time is arithmetic (a real GPU, a real model), the closer its last/first
+    wall-time ratio comes to the ratio of these."""
     d, layers = config.hidden_size, config.num_hidden_layers
     kv = d // config.num_attention_heads * getattr(config, "num_key_value_heads", config.num_attention_heads)
     linear = layers * (d * (2 * d + 2 * kv) + 3 * d * config.intermediate_size)
@@ -299,8 +301,8 @@ def main() -> None:
     short = short_calls()
     table(rows, ("episode", "last prompt", "bytes/8B", "engine s first/last", "ratio",
                  "gateway ms first/last", "ratio", "learner us/token", "wall s"))
-    print("engine ratio (n): n is the exact forward's multiply-accumulates at the last turn ÷ the first,"
-          " the floor for any engine that computes exact attention")
+    print("engine ratio (n): n is the same ratio for the arithmetic of an exact forward pass (call_macs):"
+          " what an engine whose time is all arithmetic would show")
     print(f"short calls (quickstart): gateway CPU {short['gateway_ms_per_call']:.3f} ms per call")
     write(f"long_episodes-{args.label}", {"model": MODEL, "sizes": results, "short_calls": short,
                                           "command": " ".join(["python bench/long_episodes.py"] + sys.argv[1:])})
