@@ -7,7 +7,8 @@ with their own address (tests/hosts.py; needs root and `ip netns`).  Two joined 
 raises in 5% and hangs in 1% of episodes).  At random learner steps the bench SIGKILLs
 runners, the gateway (it writes the episode store), the learner (twice), a whole node (a new
 one joins), and the head (then `actorjet start` again on the same run directory and port).
-At the end it checks the model's episode store and prints faults injected / survived, episodes lost, recovery times and whether
+At the end it checks the model's episode store (and the archive retention moved trained groups to:
+the job keeps trajectories) and prints faults injected / survived, episodes lost, recovery times and whether
 reward still improved.  Writes bench/results/chaos.json.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ from swarm import REPO, Swarm, wait_until  # noqa: E402
 def job(steps: int) -> str:
     return jobs.tiny_arith(steps, group_size=8, groups_per_step=8, runner_concurrency=16,
                            behavior="agents.flaky_arithmetic:behavior", model="lr = 1e-4\ncheckpoint_every = 5",
-                           train="lease_timeout_s = 4.0\nepisode_retries = 3")
+                           train="lease_timeout_s = 4.0\nepisode_retries = 3\nkeep_trajectories = true")
 
 
 GROUP = 8
@@ -201,6 +202,19 @@ def run(swarm: Swarm, net: hosts.Network, tmp: Path, steps: int, rng: random.Ran
     (short,) = db.execute("SELECT COUNT(*) FROM (SELECT g.size, COUNT(DISTINCT e.member) n FROM groups g "
                           "JOIN episodes e USING (group_id) WHERE g.complete_at IS NOT NULL "
                           "GROUP BY g.group_id) WHERE n < size").fetchone()
+    # Groups trained before the last checkpoint left the store (retention) for the archive.
+    in_store = {g for (g,) in db.execute("SELECT group_id FROM groups WHERE complete_at IS NOT NULL")}
+    members: dict[str, list] = {}
+    archive = chaos.run / "trajectories" / "policy.jsonl"
+    for line in (archive.read_text().splitlines() if archive.exists() else []):
+        if line.strip():
+            episode = json.loads(line)
+            members.setdefault(episode["group_id"], []).append(episode["member"])
+    retired = {g: m for g, m in members.items() if g not in in_store}
+    finished, trained = finished + len(retired), trained + len(retired)
+    extra += sum(max(0, len(set(m)) - GROUP) for m in retired.values())
+    twins += sum(len(m) - len(set(m)) for m in retired.values())
+    short += sum(1 for m in retired.values() if len(set(m)) < GROUP)
     rows = [json.loads(line) for line in (chaos.run / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["reward_mean"] for r in rows if r["kind"] == "train"]
     survived = data["models"][0]["learner_step"] == steps and data["training_finished"]
