@@ -138,3 +138,37 @@ def test_the_runner_core_runs_leases_on_their_version_and_gives_up_on_hung_ones(
         time.sleep(0.02)
     assert core.still_hung() == []
     core.close()
+
+
+def test_process_isolation_restarts_a_task_worker_not_the_runner(monkeypatch):
+    """runner/core.py's Processes strategy: hung episodes and memory past task_memory_mb
+    restart that task's worker; the runner's own threads stay free."""
+    import time
+
+    from actorjet.runner.core import Processes, RunnerCore
+
+    monkeypatch.setenv(SECRET_ENV, "s")
+    core = RunnerCore(Processes(4))
+    core.install(sign("s", "t", 1, cloudpickle.dumps(lambda task, llm: __import__("time").sleep(60))))
+    lease = {"lease_id": "L", "behavior": "t", "version": 1, "task_name": "t", "task": {}, "urls": {"m": "http://unused"},
+             "timeout_s": 0.5, "episodes": [{"episode_id": f"e{k}", "api_key": "k"} for k in range(2)]}
+    assert core.start(lease) is None
+    done = []
+    deadline = time.monotonic() + 20
+    while not done and time.monotonic() < deadline:
+        done = core.finished()
+        time.sleep(0.05)
+    assert [r["error"] for r in done[0][1]] == ["timeout: still running after 0.5 s"] * 2
+    assert len(core.still_hung()) == 2
+    assert core.isolation.relieve(core.still_hung(), limit=2) == []       # none holds the runner's threads
+    deadline = time.monotonic() + 10
+    while core.still_hung() and time.monotonic() < deadline:              # the worker's futures fail
+        time.sleep(0.05)
+    assert core.still_hung() == []
+    assert core.start(dict(lease, lease_id="M", timeout_s=30)) is None     # a fresh worker for the task
+    deadline = time.monotonic() + 20
+    while core.isolation.workers["t"].rss_mb() == 0 and time.monotonic() < deadline:   # it starts after a back-off
+        time.sleep(0.05)
+    restarted = core.isolation.restart_over(0.0)                           # every worker is over 0 MB
+    assert [name for name, _ in restarted] == ["t"] and restarted[0][1] > 0
+    core.close()

@@ -192,23 +192,11 @@ class AgentRunner(ManagedActor):
         """Hung episodes hold threads; leaked memory stays in this process.  Past a limit the
         runner reports its work as failed (so it is retried elsewhere) and crashes on purpose:
         its supervisor starts a clean process, and no other runner is touched."""
-        hung = self.core.still_hung()
-        workers = getattr(self.core.isolation, "workers", {})
-        if isinstance(self.core.isolation, Processes):
-            # hung episodes hold only their task's worker: restart that worker, not the runner
-            for task in {t for t, _ in hung}:
-                held = [f for t, f in hung if t == task]
-                if len(held) >= max(1, self.concurrency // 2) and task in workers:
-                    workers[task].kill(f"{len(held)} hung episodes")
-                    self.core.hung = [(t, f) for t, f in self.core.hung if t != task]
-            hung = []
-        if self.task_memory_mb and workers and time.monotonic() > self.next_task_memory_check:
+        hung = self.core.isolation.relieve(self.core.still_hung(), max(1, self.concurrency // 2))
+        if self.task_memory_mb and time.monotonic() > self.next_task_memory_check:
             self.next_task_memory_check = time.monotonic() + 1.0     # psutil is not free: once a second
-            for name, worker in workers.items():
-                rss = worker.rss_mb()
-                if rss > self.task_memory_mb:
-                    log.warning("%s: task %s's worker uses %.0f MB: restarted", self.runner_id, name, rss)
-                    worker.kill(f"task worker over task_memory_mb = {self.task_memory_mb:g} ({rss:.0f} MB)")
+            for name, rss in self.core.isolation.restart_over(self.task_memory_mb):
+                log.warning("%s: task %s's worker uses %.0f MB: restarted", self.runner_id, name, rss)
         reason = ""
         if len(hung) >= max(1, self.concurrency // 2):
             reason = f"{len(hung)} hung episodes hold its threads"

@@ -12,18 +12,17 @@ from __future__ import annotations
 import importlib
 import json
 import time
-from pathlib import Path
 from collections import deque
+from pathlib import Path
 
 from actorjet import behaviors
-from actorjet.monitor import metrics
+from actorjet.monitor import metrics, tensorboard_events
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.clients import ClientDesk
 from actorjet.registry.counters import Counters
 from actorjet.registry.leases import LeaseDesk, Out
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
-from actorjet.monitor.tensorboard_events import EventWriter
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
@@ -92,7 +91,7 @@ class EpisodeDesk:
         self.services: dict[str, dict] = {}
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
-        self.tb = EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
+        self.tb = tensorboard_events.EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
         self.batch_groups = int(train.get("groups_per_step", 1))
         self.subscribers: list = []
         self.clients = ClientDesk(self.counters, self.leases)     # client-mode episodes (registry/clients.py)

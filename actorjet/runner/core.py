@@ -31,6 +31,15 @@ class Threads:
     def submit(self, lease: dict, fn, payload: dict) -> list[Future]:
         return [self.pool.submit(run_episode, fn, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
 
+    def relieve(self, hung: list[tuple[str, Future]], limit: int) -> list[tuple[str, Future]]:
+        """The hung episodes that hold the runner's own threads: all of them (nothing frees a
+        thread that agent code holds; the runner restarts past its limit)."""
+        return hung
+
+    def restart_over(self, memory_mb: float) -> list[tuple[str, float]]:
+        """Episodes share the runner's process: its own memory limit applies, nothing here."""
+        return []
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -48,6 +57,23 @@ class Processes:
         if task not in self.workers:
             self.workers[task] = TaskWorker(task, self.threads)
         return [self.workers[task].submit(payload, lease["task"], lease["urls"], ep) for ep in lease["episodes"]]
+
+    def relieve(self, hung: list[tuple[str, Future]], limit: int) -> list[tuple[str, Future]]:
+        """Hung episodes hold only their task's worker: a task with ``limit`` of them gets a
+        new worker (its futures fail, so they stop counting as hung); none holds the runner's."""
+        for task in {t for t, _ in hung}:
+            held = sum(1 for t, _ in hung if t == task)
+            if held >= limit and task in self.workers:
+                self.workers[task].kill(f"{held} hung episodes")
+        return []
+
+    def restart_over(self, memory_mb: float) -> list[tuple[str, float]]:
+        """Restart every task worker above ``memory_mb``: (task, its MB) of each one restarted."""
+        over = [(name, w.rss_mb()) for name, w in self.workers.items()]
+        over = [(name, rss) for name, rss in over if rss > memory_mb]
+        for name, rss in over:
+            self.workers[name].kill(f"task worker over task_memory_mb = {memory_mb:g} ({rss:.0f} MB)")
+        return over
 
     def close(self) -> None:
         for worker in self.workers.values():

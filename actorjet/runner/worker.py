@@ -173,6 +173,11 @@ class TaskWorker:
             if process is not None and process.is_alive():
                 self._fail_all(reason)
                 process.kill()
+                # Gone before the lock is let go: a request submitted next must start a new
+                # worker, not go down the pipe of this dying one (and be failed with it).
+                process.join(5.0)
+                self._died()
+                self.process = None
 
     def close(self) -> None:
         if self.process is not None and self.process.is_alive():

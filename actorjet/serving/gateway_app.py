@@ -104,9 +104,6 @@ class GatewayApp:
         if not bearer_ok(auth, self.secret):
             raise ApiError(403, "this endpoint needs the cluster token", kind="permission_error")
 
-    async def _json(self, request) -> dict:
-        return await api.read_json(request)
-
     def _role(self, request) -> str:
         role = request.headers.get("X-ActorJet-Role", "default")
         if not role or len(role) > 100:
@@ -211,7 +208,7 @@ class GatewayApp:
     # -- OpenAI endpoints ----------------------------------------------------------------
     async def chat(self, request):
         episode_id = self._episode(request)
-        body = await self._json(request)
+        body = await api.read_json(request)
         self._check_model(body)
         messages, tools = api.parse_messages(body), api.parse_tools(body)
         s = api.parse_sampling(body)
@@ -289,7 +286,7 @@ class GatewayApp:
 
     async def completions(self, request):
         episode_id = self._episode(request)
-        body = await self._json(request)
+        body = await api.read_json(request)
         self._check_model(body)
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
