@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from actorjet.rl.pack import lower_bound, pack, repair_drift  # noqa: E402
+from actorjet.rl.drift import repair_drift  # noqa: E402
+from actorjet.rl.pack import lower_bound, pack  # noqa: E402
 from common import table, write  # noqa: E402
 
 SCALE = {"tiny-arith": 1, "smollm2-135m": 4}          # token sizes × this (tiny: 256 positions)

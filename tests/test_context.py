@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from actorjet.rl.calls import prompt_ids, prompt_len
-from actorjet.rl.pack import full_ids, pack, repair_drift
+from actorjet.rl.drift import repair_drift
+from actorjet.rl.pack import full_ids, pack
 from actorjet.rl import exact_attention
 from actorjet.models import zoo
 from actorjet.rl.grpo import MIN_ROWS, GRPOConfig, collate, grpo_step, term_logprobs

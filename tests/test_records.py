@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actorjet.rl import pack
+from actorjet.rl.drift import repair_drift
 from actorjet.rl.batching import credit
+from actorjet.rl.calls import full_len
 from actorjet.rl.pack import _PackTrie, _hash, _linear, _terms, prefix_hashes
 from actorjet.store.episode_store import EpisodeStore
 from actorjet.store.records import CallRecord
@@ -57,7 +59,7 @@ class OldTrie(_PackTrie):
             node = self._extend(node, [tok])
             path.append(node)
         for (k, adv, lp, temp, version) in terms:
-            self.terms[path[prompt_len + k]].append((adv, lp, temp, version))
+            self.terms.setdefault(path[prompt_len + k], []).append((adv, lp, temp, version))
 
 
 def old_pack(calls, mode):
@@ -72,29 +74,32 @@ def old_pack(calls, mode):
 
 
 def old_repair_drift(calls, decode):
-    by_timeline = {}
+    """rl/drift.py's rule on whole prompts, written plainly: B's prompt = the repaired prompt
+    of the call whose recorded prompt is the longest prefix of B's (the latest of a length)
+    + the rest of B's recorded prompt, with that call's drifted answer spliced back."""
+    by_timeline, repairs = {}, 0
     for call, _ in calls:
         by_timeline.setdefault((call["model"], call["role"], call.get("episode_id", "")), []).append(call)
     for timeline in by_timeline.values():
         timeline.sort(key=lambda c: (c.get("call_index", 0), c.get("choice", 0)))
-        prompts = {}
-        for b in timeline:
-            prompt, hits = b["prompt_ids"], []
-            for pos, h in prefix_hashes(prompt):
-                a = prompts.get((pos, h))
-                if a is not None and a["prompt_ids"] == prompt[:pos]:
-                    hits.append(a)
-            for a in reversed(hits):
-                start, sampled = len(a["prompt_ids"]), a["completion_ids"]
-                if prompt[start:start + len(sampled)] == sampled:
-                    break
+        recorded = [list(b["prompt_ids"]) for b in timeline]
+        for i, b in enumerate(timeline):
+            prompt = recorded[i]
+            hits = [k for k in range(i) if prompt[:len(recorded[k])] == recorded[k]]
+            if not hits:
+                continue
+            k = max(hits, key=lambda k: (len(recorded[k]), k))
+            a = timeline[k]
+            rest, sampled = prompt[len(recorded[k]):], a["completion_ids"]
+            if rest[:len(sampled)] != sampled:
                 text = decode(sampled)
-                for j in range(0, min(len(prompt) - start, 2 * len(sampled) + 4) + 1):
-                    if decode(prompt[start:start + j]) == text:
-                        b["prompt_ids"] = prompt[:start] + list(sampled) + prompt[start + j:]
+                for j in range(0, min(len(rest), 2 * len(sampled) + 4) + 1):
+                    if decode(rest[:j]) == text:
+                        rest = list(sampled) + rest[j:]
+                        repairs += 1
                         break
-                break
-            prompts[(len(b["prompt_ids"]), _hash(b["prompt_ids"]))] = b
+            b["prompt_ids"] = list(a["prompt_ids"]) + rest
+    return repairs
 
 
 def decode(ids):
@@ -159,12 +164,10 @@ def as_before(group: dict, whole: dict) -> dict:
     return dict(group, calls={e: [dict(c) for c in whole[e]] for e in group["calls"]})
 
 
-@settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 10 ** 9))
-def test_the_compact_format_packs_exactly_what_whole_prompts_did(seed):
-    rng = random.Random(seed)
-    store = EpisodeStore()
-    ids = groups_of(rng, store)
+def packs_like_whole_prompts(store, ids) -> list[dict]:
+    """Pack the taken groups from the compact form and from whole prompts (old_pack,
+    old_repair_drift), with and without drift repair, in every mode: they must agree.
+    Returns the repaired compact calls (for checks on their form)."""
     taken = store.take({}, len(ids))
     whole = store.calls([e for g in taken for e in g["calls"]])
     for mode in ("none", "prefix", "tree"):
@@ -179,11 +182,50 @@ def test_the_compact_format_packs_exactly_what_whole_prompts_did(seed):
             new_calls, _ = credit("m", new_groups)
             old_calls, _ = credit("m", [as_before(g, whole) for g in taken])
             if repair:
-                pack.repair_drift(new_calls, decode)
-                old_repair_drift(old_calls, decode)
+                assert repair_drift(new_calls, decode) == old_repair_drift(old_calls, decode)
             new = [p.to_dict() for p in pack.pack(new_calls, mode)]
             old = [p.to_dict() for p in old_pack(old_calls, mode)]
             assert new == old, (mode, repair)
+    return [c for c, _ in new_calls]
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 10 ** 9))
+def test_the_compact_format_packs_exactly_what_whole_prompts_did(seed):
+    rng = random.Random(seed)
+    store = EpisodeStore()
+    packs_like_whole_prompts(store, groups_of(rng, store))
+
+
+def long_agent_records(rng, episode_id, turns):
+    """One role, many turns, each prompt = the last prompt + the answer *as the template
+    re-rendered it* (9 may come back as 7 7) + a user message: drift in most turns."""
+    out, prompt = [], [1, 2]
+    for index in range(turns):
+        completion = answer(rng)
+        out.append(CallRecord(episode_id, "m", "a", index, 0, list(prompt), completion,
+                              [-rng.randint(1, 64) / 64 for _ in completion], 0, 1.0,
+                              [{"role": "user", "content": str(index)}], None))
+        shown = [x for t in completion for x in ((7, 7) if t == 9 and rng.random() < 0.7 else (t,))]
+        prompt = prompt + shown + [rng.randint(4, 6) for _ in range(rng.randint(1, 3))]
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10 ** 9))
+def test_drift_in_every_turn_is_repaired_by_reference_without_reading_whole_prompts(seed):
+    rng = random.Random(seed)
+    store = EpisodeStore()
+    episodes = [f"e{k}" for k in range(rng.randint(2, 3))]
+    for e in episodes:
+        store.add(long_agent_records(rng, e, rng.randint(2, 12)))
+    store.put_results({"group_id": "g", "size": len(episodes), "task_name": "t", "behavior": "b", "version": 1},
+                      [{"episode_id": e, "member": k, "reward": float(k % 2)} for k, e in enumerate(episodes)])
+    calls = packs_like_whole_prompts(store, ["g"])
+    assert all("prompt_ids" not in c for c in calls)             # never materialized
+    for episode in {c["episode_id"] for c in calls}:              # repaired: each turn extends the last
+        line = sorted((c for c in calls if c["episode_id"] == episode), key=lambda c: c["call_index"])
+        assert all(c["ref"] is b and c["prefix_len"] == full_len(b) for b, c in zip(line, line[1:]))
 
 
 @settings(max_examples=30, deadline=None)

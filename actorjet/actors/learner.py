@@ -38,7 +38,7 @@ from actorjet.models.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
 from actorjet.store import episode_store
 from actorjet.serving import threads, weights
-from actorjet.rl import align, exact_attention, lora, pack
+from actorjet.rl import align, drift, exact_attention, lora
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
@@ -248,7 +248,7 @@ class Learner(ManagedActor):
         if self.cfg.get("merge_match") == "text":
             counts["text_aligned"] = align.align_text(calls, lambda ids: tok.decode(
                 ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-        counts["drift_repairs"] = pack.repair_drift(calls, lambda ids: tok.decode(ids, skip_special_tokens=True))
+        counts["drift_repairs"] = drift.repair_drift(calls, lambda ids: tok.decode(ids, skip_special_tokens=True))
         return counts
 
     def _untrainable(self, group_ids: list[str], cause: str) -> None:

@@ -6,7 +6,7 @@ opt-in step here that rewrites later prompts so the id comparison succeeds again
 ``match = "text"``   engines that re-tokenize text (a remote OpenAI-style server, or an agent
     framework that sends the conversation as a string): an earlier call's whole text may
     come back inside a later prompt as *other* ids, anywhere, not only in the completion
-    (which pack.repair_drift already handles).  An earlier call whose decoded prompt +
+    (which rl/drift.py already handles).  An earlier call whose decoded prompt +
     completion is a prefix of a later prompt's decoded text is found by hashing text
     prefixes (O(total characters)); the later prompt's ids up to the token boundary where
     that text ends are replaced by the earlier call's exact ids.  Training then uses what
@@ -24,8 +24,8 @@ A timeline is the calls of one (model, role, episode), in call order.
 """
 from __future__ import annotations
 
-from actorjet.rl.calls import by_episode, full_ids, materialize, timelines
-from actorjet.rl.pack import needs_prompts, prefix_hashes
+from actorjet.rl.calls import by_episode, full_ids, materialize, needs_prompts, timelines
+from actorjet.rl.pack import prefix_hashes
 
 
 def _text_hash(text: str) -> int:

@@ -114,6 +114,20 @@ def is_chain(timeline: list[dict]) -> bool:
     return True
 
 
+def needs_prompts(calls: list[dict], every: bool = False) -> list[list[dict]]:
+    """The timelines a repair must read prompt by prompt, their episodes' calls materialized
+    (rl/calls.py).  A timeline whose calls each extend the one before (``is_chain``) holds
+    every answer as sampled and is skipped unread, unless ``every``: that is the long
+    episode's common case, and what keeps the learner's batch O(new tokens)."""
+    out = []
+    for episode in by_episode(calls).values():
+        lines = timelines(episode)
+        if every or not all(is_chain(t) for t in lines):
+            materialize(episode)
+            out += lines
+    return out
+
+
 def common_prefix(a: bytes, b: bytes) -> int:
     """How many int32 values two packed id strings share at their start: bytes comparisons
     (memcmp), never a Python loop over the ids."""

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from actorjet.rl.calls import by_episode, full_ids, full_len, is_chain, materialize, prompt_len, recompact, timelines
+from actorjet.rl.calls import full_ids, full_len, prompt_len
 from actorjet.rl.trie import Trie
 
 MODES = ("none", "prefix", "tree")
@@ -197,14 +197,8 @@ class _PackTrie(Trie):
         stack = [(child, None) for child in reversed(list(self.children[0].values()))]
         while stack:
             node, carried = stack.pop()                # carried: (node, carried) links, or None
-            if not saved[node]:                        # a single path down to its leaf
-                while self.children[node]:
-                    carried = (node, carried)
-                    node = next(iter(self.children[node].values()))
-                out.append(self._layout(node, carried, depth[node] - 1, depth))
-                continue
             whole = depth[node] - 1 + size[node]
-            if whole <= max_tokens and saved[node] >= SHARE_MIN * whole:
+            if not saved[node] or (whole <= max_tokens and saved[node] >= SHARE_MIN * whole):
                 out.append(self._layout(node, carried, depth[node] - 1, depth))
                 continue
             kids = list(self.children[node].values())
@@ -226,78 +220,27 @@ class _PackTrie(Trie):
         packed.parents = list(range(-1, len(path) - 1))
         while carried is not None:                   # carried nodes sit on the path, at depth - 1
             node, carried = carried
-            if terms[node]:
-                packed.terms += [Term(depth[node] - 1, *t) for t in terms[node]]
-        index: dict[int, int] = {}
-        stack = [(top, above)]
-        while stack:
-            node, d = stack.pop()
+            packed.terms += [Term(depth[node] - 1, *t) for t in terms.get(node, ())]
+        stack = [(top, above, len(path) - 1)]        # (node, its depth - 1, its parent's index)
+        while stack:                                 # a run of single children at a time
+            node, d, parent = stack.pop()
+            run, kids = [node], self.children[node]
+            while len(kids) == 1:
+                node = next(iter(kids.values()))
+                run.append(node)
+                kids = self.children[node]
             i = len(packed.input_ids)
-            index[node] = i
-            parent = index.get(self.parent[node], i - 1 if node == top else -1)
-            packed.input_ids.append(self.token[node])
-            packed.position_ids.append(d)
-            packed.parents.append(parent)
             if parent != i - 1:
                 packed.linear = False
-            packed.terms += [Term(i, *t) for t in self.terms[node]]
-            stack += [(child, d + 1) for child in reversed(list(self.children[node].values()))]
+            packed.input_ids += [token[n] for n in run]
+            packed.position_ids += range(d, d + len(run))
+            packed.parents.append(parent)
+            packed.parents += range(i, i + len(run) - 1)
+            for k in [k for k, n in enumerate(run) if n in terms]:
+                packed.terms += [Term(i + k, *t) for t in terms[run[k]]]
+            stack += [(child, d + len(run), i + len(run) - 1) for child in reversed(list(kids.values()))]
         packed.terms.sort()
         return packed
-
-
-def repair_drift(calls: list[tuple[dict, float]], decode) -> int:
-    """Splice sampled ids back where a later prompt re-encoded an earlier completion.
-
-    Chat templates re-render the assistant's text, so a later prompt may hold other ids
-    than were sampled (an end-of-turn token dropped, a word split differently).  For each
-    call B, earlier calls A of the same model, role and episode whose prompt is a prefix of
-    B's prompt are found by prefix hashing; if A's completion is not there as ids but the
-    next tokens of B decode to exactly A's text, those tokens are replaced by A's sampled
-    ids.  Then prefix merging absorbs A into B and trains exactly what was sampled.
-    Earlier prompts are compared with B's as lists (memcmp speed), and the episodes read are
-    turned back into references afterwards (``recompact``), so packing stays O(new tokens).
-    ``decode(ids)`` must drop special tokens.  Returns the number of repairs; modifies the
-    calls' ``prompt_ids`` in place (materializing the episodes it reads: ``needs_prompts``)."""
-    repairs = 0
-    lines = needs_prompts([c for c, _ in calls])
-    for timeline in lines:
-        earlier: list[dict] = []
-        for b in timeline:
-            prompt, a = b["prompt_ids"], None      # a: the longest earlier prompt B starts with (the latest)
-            for other in sorted(earlier, key=lambda c: len(c["prompt_ids"]), reverse=True):
-                n = len(other["prompt_ids"])       # (sorted is stable: the latest of a length first)
-                if 0 < n <= len(prompt) and prompt[:n] == other["prompt_ids"]:
-                    a = other
-                    break
-            earlier.insert(0, b)
-            if a is None:
-                continue
-            start, sampled = len(a["prompt_ids"]), a["completion_ids"]
-            if prompt[start:start + len(sampled)] == sampled:
-                continue                             # no drift
-            text = decode(sampled)
-            for j in range(0, min(len(prompt) - start, 2 * len(sampled) + 4) + 1):
-                if decode(prompt[start:start + j]) == text:
-                    b["prompt_ids"] = prompt[:start] + list(sampled) + prompt[start + j:]
-                    repairs += 1
-                    break
-    recompact([c for line in lines for c in line])
-    return repairs
-
-
-def needs_prompts(calls: list[dict], every: bool = False) -> list[list[dict]]:
-    """The timelines a repair must read prompt by prompt, their episodes' calls materialized
-    (rl/calls.py).  A timeline whose calls each extend the one before (``is_chain``) holds
-    every answer as sampled and is skipped unread, unless ``every``: that is the long
-    episode's common case, and what keeps the learner's batch O(new tokens)."""
-    out = []
-    for episode in by_episode(calls).values():
-        lines = timelines(episode)
-        if every or not all(is_chain(t) for t in lines):
-            materialize(episode)
-            out += lines
-    return out
 
 
 def pack(calls: list[tuple[dict, float]], mode: str, max_tokens: int | None = None) -> list[Packed]:

@@ -22,24 +22,32 @@ class Trie:
         self.children: list[dict[int, int]] = [{}]    # node 0 is a virtual root
         self.token: list[int] = [-1]
         self.parent: list[int] = [-1]
-        self.terms: list[list[tuple]] = [[]]
+        self.terms: dict[int, list[tuple]] = {}      # node → its terms (completion tokens only)
         self.tips: dict[int, int] = {}                # id(call) → the node its sequence ends at
         self.size = 0
 
     # -- building ----------------------------------------------------------------------
     def _extend(self, node: int, tokens) -> int:
-        for tok in tokens:
+        """Walk ``tokens`` down from ``node``; where the path ends, the rest becomes one new
+        chain in a few list operations (a long episode's new tokens are mostly such a chain)."""
+        tokens = list(tokens)
+        for k, tok in enumerate(tokens):
             nxt = self.children[node].get(tok)
             if nxt is None:
-                nxt = len(self.token)
-                self.children[node][tok] = nxt
-                self.children.append({})
-                self.token.append(tok)
-                self.parent.append(node)
-                self.terms.append([])
-                self.size += 1
+                return self._chain(node, tokens[k:])
             node = nxt
         return node
+
+    def _chain(self, node: int, tokens: list[int]) -> int:
+        first = len(self.token)
+        self.children[node][tokens[0]] = first
+        self.children += [{tok: first + k + 1} for k, tok in enumerate(tokens[1:])]
+        self.children.append({})
+        self.token += tokens
+        self.parent.append(node)
+        self.parent += range(first, first + len(tokens) - 1)
+        self.size += len(tokens)
+        return first + len(tokens) - 1
 
     def up(self, node: int, steps: int) -> int:
         for _ in range(steps):
@@ -80,7 +88,7 @@ class Trie:
                 node = self.parent[node]
             nodes.reverse()
             for node, term in zip(nodes, terms):
-                self.terms[node].append(term)
+                self.terms.setdefault(node, []).append(term)
         return tip
 
     def prompt_end(self, call: dict) -> int:
