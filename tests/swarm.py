@@ -115,10 +115,12 @@ class Swarm:
             proc.wait_for(r"^joined ")
         return proc, node_port
 
-    def outbound(self, door: str, token: str, name: str, slots: int = 1, host=None) -> Proc:
-        """An outbound-only node (`join --outbound`), optionally on ``host``."""
-        proc = Proc(["join", "--outbound", door, "--token", token, "--name", name, "--slots", str(slots)],
-                    self.env_of(host), prefix=host.prefix if host is not None else None)
+    def outbound(self, door: str, token: str, name: str, slots: int = 1, host=None, concurrency: int = 16,
+                 env: dict | None = None) -> Proc:
+        """An outbound-only node (`join --outbound`), optionally on ``host`` (``env``: more variables)."""
+        proc = Proc(["join", "--outbound", door, "--token", token, "--name", name, "--slots", str(slots),
+                     "--concurrency", str(concurrency)],
+                    dict(self.env_of(host), **(env or {})), prefix=host.prefix if host is not None else None)
         self.procs.append(proc)
         proc.wait_for(r"^joined ")
         return proc

@@ -146,6 +146,29 @@ def test_a_node_that_only_connects_out_trains_through_the_door(swarm, network, t
     assert "left the swarm after" in node.output
 
 
+def test_a_lease_the_registry_expires_is_given_up_by_the_outbound_node_holding_it(swarm, network, tmp_path):
+    """A thespian runner hears AbandonLease from the registry; an outbound node cannot be
+    reached, so the door keeps the cause and the node asks for it while it holds leases."""
+    head, laptop = network.host("head"), network.host("laptop")
+    (tmp_path / "job.toml").write_text(jobs.tiny_arith(
+        1000, group_size=2, groups_per_step=1, runner_concurrency=2, behavior="agents.flaky_arithmetic:behavior",
+        train="lease_timeout_s = 3.0"))
+    proc, port, token = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"), host=head,
+                                   extra=["--config", str(tmp_path / "job.toml")])
+    door = proc.wait_for(r"actorjet join --outbound (\S+)").group(1)
+    hang = {"AJ_FLAKY_HANG": "1", "AJ_FLAKY_RAISE": "0", "AJ_FLAKY_HANG_S": "600"}   # no LLM call for 10 min
+    swarm.outbound(door, token, "laptop", host=laptop, concurrency=2, env=hang)      # room for one group
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    wait_until(lambda: status()["aborted_by_cause"].get("lease expired (idle)", 0) >= 2, 90, interval_s=1,
+               what="the registry expires the hanging group's lease (idle limit 3 s)")
+    # the node gives up on every lease at once (its own limit is the total one, 3600 s) and
+    # reports them: the registry counts each report as late (it expired the lease already)
+    data = wait_until(lambda: (lambda d: d if d["groups"]["late_results_rejected"] >= d["groups"]["issued"] else None)(
+        status()), 20, interval_s=1, what="the outbound node reports the leases the registry expired")
+    assert data["episodes"]["completed"] == 0 and data["episodes"]["aborted"] == 2 * data["groups"]["issued"], \
+        (data["groups"], data["episodes"])
+
+
 MODEL_NODE_TREE = """
 id = "root"
 strategy = "one_for_one"

@@ -9,6 +9,10 @@ runner does.  Every call carries the cluster token.
     POST /v1/actorjet/leases   {runner_id, max_groups, behaviors: {name: version}}
                                → {leases: [...], behaviors: {name: signed payload, blob base64}, retry_s}
     POST /v1/actorjet/results  {runner_id, lease_id, results: [{episode_id, reward, error}]}
+    POST /v1/actorjet/abandoned {runner_id, lease_ids}: which of these leases the registry
+                               expired (idle or total limit) → {abandoned: {lease_id: cause}};
+                               the node gives up on them, as a thespian runner does on
+                               AbandonLease (it polls this while it holds leases)
     POST /v1/actorjet/hello    {runner_id}: checks the URL and the token
     GET  /v1/actorjet/status   the registry's status (at most 1 s old) and the head's last
                                errors: what `actorjet top` shows, from any machine
@@ -47,6 +51,7 @@ STATUS_MAX_AGE_S = 1.0
 STATUS_RETRY_S = 2.0
 ASK_TIMEOUT_S = 10.0
 MAX_ID = 200
+ABANDONED_KEEP_S = 3600.0     # how long an expired lease is remembered for its node to ask
 
 
 def _check_id(body: dict, key: str) -> str:
@@ -65,6 +70,15 @@ def check_lease_request(body: dict) -> tuple[str, int, dict]:
     if not isinstance(versions, dict) or not all(isinstance(k, str) and is_int(v) for k, v in versions.items()):
         raise ApiError(400, "'behaviors' must map behavior names to integer versions", "behaviors")
     return f"outbound:{runner_id}", max_groups, versions
+
+
+def check_lease_ids(body: dict) -> list[str]:
+    _check_id(body, "runner_id")
+    ids = body.get("lease_ids")
+    if not isinstance(ids, list) or len(ids) > 4096 or not all(isinstance(i, str) and 0 < len(i) <= MAX_ID for i in ids):
+        raise ApiError(400, f"'lease_ids' must be a list of at most 4096 lease ids (strings of at most {MAX_ID} "
+                            "characters)", "lease_ids")
+    return ids
 
 
 def check_results(body: dict) -> proto.GroupResult:
@@ -116,6 +130,7 @@ class Door(ManagedActor):
         self.status_cache: tuple | None = None                 # (registry status, when, head log errors)
         self.status_waiters: list = []                         # (loop, future, since) waiting for it
         self.status_asked = 0.0                                # when GetStatus went out (0: answered)
+        self.abandoned: dict[str, tuple[str, float]] = {}      # lease id → (cause, when) the registry expired it
         self.log_file = Path(self.context.get("run_dir", ".")) / "logs" / "head" / "actors.log"
         port = int(self.args.get("port") or self.context.get("door_port") or 0)
         self.server = AppServer(self._app(), name="door", port=port)
@@ -127,6 +142,7 @@ class Door(ManagedActor):
         app = web.Application(client_max_size=4 * 1024 * 1024, middlewares=[error_middleware("door")])
         app.router.add_post("/v1/actorjet/leases", self._leases)
         app.router.add_post("/v1/actorjet/results", self._results)
+        app.router.add_post("/v1/actorjet/abandoned", self._abandoned)
         app.router.add_post("/v1/actorjet/hello", self._hello)
         app.router.add_get("/v1/actorjet/status", self._status)
         app.router.add_get("/healthz", lambda request: web.json_response({"ok": True}))
@@ -152,6 +168,12 @@ class Door(ManagedActor):
                                       "reason": answer.reason})
         return web.json_response({"leases": answer.leases, "retry_s": 0,
                                   "behaviors": {k: payload_to_json(p) for k, p in answer.behaviors.items()}})
+
+    async def _abandoned(self, request):
+        """Read from the server's thread: the actor only adds and removes whole entries."""
+        ids = check_lease_ids(await self._body(request))
+        found = {i: self.abandoned[i][0] for i in ids if i in self.abandoned}
+        return web.json_response({"abandoned": found})
 
     async def _hello(self, request):
         """An outbound node checks the URL and its token before it starts."""
@@ -207,6 +229,15 @@ class Door(ManagedActor):
 
     def receiveMsg_NoWork(self, msg: proto.NoWork, sender):
         self._answer(msg)
+
+    def receiveMsg_AbandonLease(self, msg: proto.AbandonLease, sender):
+        """The registry expired a lease an outbound node holds (it sent the request through
+        this door): keep the cause until the node asks (``/v1/actorjet/abandoned``)."""
+        now = time.time()
+        self.abandoned[msg.lease_id] = (str(msg.cause), now)
+        for lease_id, (_, at) in list(self.abandoned.items()):
+            if now - at > ABANDONED_KEEP_S:
+                del self.abandoned[lease_id]
 
     def _status_wanted(self, loop, future) -> None:
         """Answer from the cache if it is fresh; otherwise wait for the registry, asking it

@@ -5,7 +5,9 @@ thespian member.  Top to bottom, every POLL_S:
 
 1. report every lease whose episodes all finished (or whose time ran out: the hung ones are
    reported as timeouts and their threads abandoned) to the head's door;
-2. with free room and no back-off pending, ask the door for leases; install any behavior
+2. once a second while it holds leases, ask the door which of them the registry expired (no
+   LLM call for the idle limit, or past the total limit) and give up on those;
+3. with free room and no back-off pending, ask the door for leases; install any behavior
    version that came with them (signed payloads, verified with this node's token before
    they are unpickled); start each lease's episodes in the thread pool.
 
@@ -30,6 +32,7 @@ from actorjet.runner.core import RunnerCore, Threads
 from actorjet.runner.results import store_results
 
 POLL_S = 0.05
+ABANDONED_POLL_S = 1.0
 
 
 class DoorError(Exception):
@@ -48,6 +51,7 @@ class OutboundNode:
         self.core = RunnerCore(Threads(self.capacity))
         self.unsent: dict[str, tuple[dict, list[dict]]] = {}   # lease id → (lease, results) the door lacks
         self.retry_at = 0.0
+        self.abandoned_asked = 0.0
         self.group_size = 1
         self.episodes_done = 0
         self.reachable: bool | None = None
@@ -97,11 +101,20 @@ class OutboundNode:
             time.sleep(POLL_S)
 
     def step(self) -> None:
+        self._give_up_expired()
         self._report_finished()
         busy = self.core.busy() + len(self.core.still_hung())
         free_groups = (self.capacity - busy) // max(1, self.group_size)
         if free_groups > 0 and time.monotonic() >= self.retry_at:
             self._lease(free_groups)
+
+    def _give_up_expired(self) -> None:
+        if not self.core.held or time.monotonic() - self.abandoned_asked < ABANDONED_POLL_S:
+            return
+        self.abandoned_asked = time.monotonic()
+        answer = self._post("/v1/actorjet/abandoned", {"runner_id": self.runner_id, "lease_ids": list(self.core.held)})
+        for lease_id, cause in answer.get("abandoned", {}).items():
+            self.core.abandon(lease_id, str(cause))
 
     def _report_finished(self) -> None:
         for lease, results in self.core.finished():
