@@ -2,9 +2,9 @@
 messages the actors send, and checks the messages it answers with (addresses are plain
 strings here: a desk only passes them on).  Nothing finished is lost, no group is trained in
 part, nothing is counted twice, and upgrades reach every live runner."""
+import json
 import time
 
-from actorjet import behaviors
 from actorjet.registry.episodes import EpisodeDesk
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
@@ -35,10 +35,10 @@ def lease(desk, runner="r") -> dict:
     return one
 
 
-def result(lease, ok=lambda k: True, reward=1.0) -> proto.GroupResult:
+def result(lease, ok=lambda k: True) -> proto.GroupResult:
+    """What a runner reports: done (its reward is in the stores) or failed, never a reward."""
     return proto.GroupResult("r", lease["lease_id"], [
-        {"episode_id": e["episode_id"], "reward": reward} if ok(k) else
-        {"episode_id": e["episode_id"], "reward": None, "error": "ValueError: env crashed"}
+        {"episode_id": e["episode_id"]} if ok(k) else {"episode_id": e["episode_id"], "error": "ValueError: env crashed"}
         for k, e in enumerate(lease["episodes"])])
 
 
@@ -68,9 +68,9 @@ def test_a_failed_member_is_run_again_in_its_place_and_the_group_finishes_whole(
 def test_failed_expired_and_badly_rewarded_episodes_are_closed_at_the_gateways():
     desk = make_desk(retries=1)
     first = lease(desk)
-    nan = proto.GroupResult("r", first["lease_id"], [{"episode_id": first["episodes"][0]["episode_id"], "reward": 1.0},
-                                                 {"episode_id": first["episodes"][1]["episode_id"],
-                                                  "reward": float("nan")}])
+    nan = proto.GroupResult("r", first["lease_id"], [   # the runner refused a NaN its behavior returned
+        {"episode_id": first["episodes"][0]["episode_id"]},
+        {"episode_id": first["episodes"][1]["episode_id"], "error": "invalid reward: must be a finite number"}])
     assert closed(desk.on_GroupResult(nan, "r")) == [first["episodes"][1]["episode_id"]]   # the bad one only
     assert desk.counters.abort_causes == {"invalid reward": 1}
     retry = lease(desk)                                      # its member runs again...
@@ -125,42 +125,44 @@ def test_an_episode_that_keeps_calling_outlives_the_idle_limit_but_not_the_total
     assert again["timeout_s"] == 1000.0 and again["idle_s"] == 60.0    # the runner gives up at the total limit
 
 
-def test_client_mode_groups_and_the_counts_they_move():
+def test_client_mode_episodes_are_leases_of_one_member():
+    """One path to finish a group: a client-mode episode is a lease (opened by the program at
+    a gateway), ended by /end or /abort, expired by the same idle limit as a runner's."""
     desk = make_desk()
+    client = lambda event, episode, **more: desk.on_ClientEvent(  # noqa: E731
+        proto.ClientEvent({"event": event, "episode_id": episode, **more}), "gw")
     for k in range(2):
-        desk.on_ClientEvent(proto.ClientEvent({"event": "open", "episode_id": f"c{k}", "group": "G", "group_size": 2}), "gw")
-    assert desk.counters.in_flight == 2
-    assert desk.on_ClientEvent(proto.ClientEvent({"event": "end", "episode_id": "c0", "reward": 1.0}), "gw") == []
-    assert desk.counters.groups_finished == 0
-    assert desk.on_ClientEvent(proto.ClientEvent({"event": "end", "episode_id": "c1", "reward": 0.0}), "gw") == []
-    assert desk.counters.groups_finished == 1        # the gateways' stores hold the group (test_store.py)
-    desk.on_ClientEvent(proto.ClientEvent({"event": "open", "episode_id": "c9"}), "gw")
-    assert closed(desk.on_ClientEvent(proto.ClientEvent({"event": "abort", "episode_id": "c9"}), "gw")) == ["c9"]
+        client("open", f"c{k}", group="G", group_size=2)
+    assert desk.counters.in_flight == 2 and desk.status_counts()["groups"]["leases_open"] == 2
+    assert client("end", "c0") == [] and desk.counters.groups_finished == 0
+    assert client("end", "c1") == [] and desk.counters.groups_finished == 1     # nothing left to run
+    client("open", "c9")
+    assert closed(client("abort", "c9")) == ["c9"]
     c = desk.counters
-    assert (c.in_flight, c.completed, c.aborted, c.groups_finished) == (0, 2, 1, 1)
+    assert (c.in_flight, c.completed, c.aborted, c.groups_finished, c.groups_dropped) == (0, 2, 1, 1, 1)
+    assert c.abort_causes == {"client abort": 1} and c.requeued == 0        # a program's episode is never re-run
+    client("open", "c5", group="H", group_size=2)
+    client("open", "c6", group="H", group_size=2)
+    client("end", "c5")
+    for stored in desk.leases.leases.values():
+        stored["active"] = time.time() - 100                 # c6's program went quiet
+    out = desk.tick()
+    assert "client expired (idle)" in sent(out, proto.CloseEpisodes, to="gw")[0].cause
+    assert set(closed(out)) == {"c5", "c6"}              # its group is dropped whole
+    assert not sent(out, proto.AbandonLease) and desk.counters.in_flight == 0    # no runner to tell
+    assert client("end", "c6") == []                      # too late: its lease is gone
 
 
-def test_an_upgrade_reaches_every_live_runner_and_rollback_is_idempotent():
+def test_groups_jsonl_and_the_learners_backlog_come_from_the_stores(tmp_path):
     desk = make_desk()
-    lease(desk, "r"), lease(desk, "r2")          # both runners asked for work: their addresses are known
-    blob = behaviors.pickle_function(*_behavior())
-    out = desk.handlers()[proto.Upgrade](proto.Upgrade(behaviors.sign_upload(TOKEN, "t", blob, "v2.py")), "cli")
-    updates = {addr for addr, msg in out if isinstance(msg, proto.BehaviorUpdate)}
-    (reply,) = sent(out, proto.UpgradeReply, to="cli")
-    assert updates == {"addr-r", "addr-r2"} and reply.ok and reply.version == 2 and desk.sources[0].version == 2
-    desk.handlers()[proto.BehaviorLoaded](proto.BehaviorLoaded("r", "t", 2, ""), "addr-r")
-    assert desk.upgrades.status(desk.placed_runners())[0]["runners"] == 1
-    (back,) = sent(desk.handlers()[proto.Rollback](proto.Rollback("t", 1), "cli"), proto.UpgradeReply)
-    (again,) = sent(desk.handlers()[proto.Rollback](proto.Rollback("t", 1), "cli"), proto.UpgradeReply)
-    assert back.ok and again.ok and desk.sources[0].version == 1
-    forged = behaviors.sign_upload("another token", "t", blob)
-    (refused,) = sent(desk.handlers()[proto.Upgrade](proto.Upgrade(forged), "cli"), proto.UpgradeReply)
-    assert not refused.ok and "signature" in refused.error
-
-
-def _behavior():
-    import agents.arithmetic_v2 as module
-    return module, module.behavior
+    desk.group_log.path = tmp_path / "groups.jsonl"
+    g = {"group_id": "g1_1", "task_name": "t", "behavior": "t", "version": 1, "rewards": {"g1_1.0": 1.0}}
+    assert desk.on_StoreNews(proto.StoreNews("policy", [g], 3), "gw")[0][1].group_ids == ["g1_1"]
+    out = desk.on_StoreNews(proto.StoreNews("critic", [g, dict(g, group_id="g1_2")], 0), "gw2")   # two stores
+    assert [(to, x.group_ids) for to, x in out] == [("gw2", ["g1_1", "g1_2"])]   # both marked told there
+    lines = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    assert [x["group_id"] for x in lines] == ["g1_1", "g1_2"] and lines[0]["rewards"] == {"g1_1.0": 1.0}
+    assert desk.untrained == {"policy": 3, "critic": 0}
 
 
 def test_a_learner_starved_by_a_stalled_gateway_is_not_blamed():

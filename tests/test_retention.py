@@ -15,6 +15,7 @@ import pytest
 
 from actorjet.cli.main import main as cli
 from actorjet.rl.batching import BatchConfig, next_batch
+from actorjet.store import completed
 from actorjet.store.episode_store import EpisodeStore
 from actorjet.store.records import CallRecord
 
@@ -31,6 +32,7 @@ def record_group(store, g, turns=3):
             msgs = msgs + [{"role": "assistant", "content": "a"}, {"role": "user", "content": str(t)}]
     store.put_results({"group_id": f"g{g}", "size": GROUP, "task_name": "t", "behavior": "b", "version": 1},
                       [{"episode_id": e, "member": k, "reward": float(k % 2)} for k, e in enumerate(episodes)])
+    completed.told(store, [g["group_id"] for g in completed.news(store)])    # the gateway told the head
 
 
 def size(store):
@@ -73,6 +75,7 @@ import json, os, random, sys, time
 sys.path.insert(0, sys.argv[3])
 from test_retention import record_group
 from actorjet.rl.batching import BatchConfig, next_batch
+from actorjet.store import completed
 from actorjet.store.episode_store import EpisodeStore
 role, run = sys.argv[1], sys.argv[2]
 store = EpisodeStore(os.path.join(run, "episodes-policy.sqlite"))

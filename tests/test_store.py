@@ -94,3 +94,54 @@ def test_task_quotas_are_exact_and_a_stalled_task_is_filled_only_after_fill_afte
     finish(store, "b2", [0.0, 1.0], task="b")
     batch = next_batch(store, BatchConfig("policy", 4, weights=cfg.weights))
     assert {t: v["groups"] for t, v in batch["stats"]["by_task"].items()} == {"a": 2, "b": 2}
+
+
+def test_the_store_judges_groups_and_tells_each_complete_one_once(tmp_path):
+    """store/completed.py: what the gateway sends the head (groups.jsonl, the learner's backlog)."""
+    from actorjet.store import completed
+
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    finish(store, "g1", [1.0, 0.0])
+    finish(store, "g2", [0.5], members=[0], size=2)                  # one member still running
+    (news,) = completed.news(store)
+    assert news == {"group_id": "g1", "task_name": "t", "behavior": "t", "version": 1,
+                    "rewards": {"g1.0": 1.0, "g1.1": 0.0}}
+    assert completed.news(store) == [news]           # told again until the head says it wrote it down
+    completed.told(store, ["g1"])
+    assert completed.news(store) == [] and completed.untrained(store) == 1
+    finish(store, "g2", [0.25], members=["1"], size=2)
+    assert [g["group_id"] for g in completed.news(store)] == ["g2"] and completed.untrained(store) == 2
+    batch = next_batch(store, BatchConfig("policy", 2))
+    assert completed.untrained(store) == 2                           # taken for a step: still the learner's work
+    store.trained(batch["group_ids"], 1)
+    assert completed.untrained(store) == 0
+
+
+def test_retention_waits_for_a_group_to_be_told(tmp_path):
+    from actorjet.store import completed
+
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    finish(store, "g1", [1.0, 0.0])
+    store.trained([g["group_id"] for g in store.take({}, 1)], 1)
+    assert store.retain(1) == {"groups": 0, "episodes": 0}          # its groups.jsonl line first
+    completed.told(store, [g["group_id"] for g in completed.news(store)])
+    assert store.retain(1) == {"groups": 1, "episodes": 2}
+
+
+def test_a_store_from_before_gets_the_logged_column_and_its_groups_count_as_told(tmp_path):
+    import sqlite3
+
+    from actorjet.store import completed
+
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    finish(store, "g1", [1.0, 0.0])
+    store.close_db()
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:               # as the store was before this column
+        db.executescript("CREATE TABLE old AS SELECT group_id, task_name, behavior, version, size, complete_at, "
+                         "taken, trained_step, quarantine FROM groups; DROP TABLE groups; "
+                         "ALTER TABLE old RENAME TO groups")
+    again = EpisodeStore(tmp_path / "s.sqlite")
+    assert completed.news(again) == []                                # the old registry logged them
+    finish(again, "g2", [1.0])
+    assert [g["group_id"] for g in completed.news(again)] == ["g2"]
+    assert again.retain(0) == {"groups": 0, "episodes": 0} and again.counts()["complete"] == 2

@@ -8,7 +8,8 @@ runner does.  Every call carries the cluster token.
 
     POST /v1/actorjet/leases   {runner_id, max_groups, behaviors: {name: version}}
                                → {leases: [...], behaviors: {name: signed payload, blob base64}, retry_s}
-    POST /v1/actorjet/results  {runner_id, lease_id, results: [{episode_id, reward, error}]}
+    POST /v1/actorjet/results  {runner_id, lease_id, results: [{episode_id, error?}]} (rewards
+                               went to the stores: runner/results.py)
     POST /v1/actorjet/abandoned {runner_id, lease_ids}: which of these leases the registry
                                expired (idle or total limit) → {abandoned: {lease_id: cause}};
                                the node gives up on them, as a thespian runner does on
@@ -39,7 +40,6 @@ from thespian.actors import WakeupMessage
 from actorjet.checks import int_in, is_int
 from actorjet.serving.openai_api import ApiError, error_middleware, read_json
 from actorjet.serving.serve import AppServer
-from actorjet.rl.rewards import bad_reward
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
@@ -82,6 +82,8 @@ def check_lease_ids(body: dict) -> list[str]:
 
 
 def check_results(body: dict) -> proto.GroupResult:
+    """An outbound node's GroupResult: each episode done (its reward is in the stores
+    already) or failed with an ``error``; a reward, if sent, is not the door's business."""
     runner_id, lease_id = _check_id(body, "runner_id"), _check_id(body, "lease_id")
     results = body.get("results")
     if not isinstance(results, list) or not results:
@@ -93,12 +95,8 @@ def check_results(body: dict) -> proto.GroupResult:
         episode_id = _check_id(r, "episode_id")
         error = r.get("error")
         if error is not None and not isinstance(error, str):
-            raise ApiError(400, f"results[{i}].error must be a string", "results")
-        reward = r.get("reward")
-        why = bad_reward(reward) if reward is not None else ""
-        if why:
-            raise ApiError(400, f"results[{i}].reward: {why} (or null: a failed episode)", "results")
-        clean.append({"episode_id": episode_id, "reward": reward, **({"error": error[:2000]} if error else {})})
+            raise ApiError(400, f"results[{i}].error must be a string (or absent: the episode is done)", "results")
+        clean.append({"episode_id": episode_id, **({"error": error[:2000]} if error else {})})
     return proto.GroupResult(f"outbound:{runner_id}", lease_id, clean)
 
 

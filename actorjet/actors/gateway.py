@@ -22,7 +22,7 @@ from thespian.actors import WakeupMessage
 from actorjet.config import engine_of
 from actorjet.models.prepare import model_config_here
 from actorjet.runtime import endpoints
-from actorjet.store import episode_store
+from actorjet.store import completed, episode_store
 from actorjet.serving.batching_engine import GenRequest, GenResult
 from actorjet.serving.gateway_app import GatewayApp
 from actorjet.serving.openai_api import EngineUnavailable
@@ -158,7 +158,14 @@ class Gateway(ManagedActor):
             active |= set(list(self.app.calling))                   # waiting on the engine is not idle
             if active:
                 self.send(self.registry, proto.EpisodeActivity(self.model, sorted(active)))
+            if self.store is not None and self.registry is not None:   # what the store judged (store/completed.py)
+                self.send(self.registry, proto.StoreNews(self.model, completed.news(self.store),
+                                                         completed.untrained(self.store)))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
+
+    def receiveMsg_GroupsLogged(self, msg: proto.GroupsLogged, sender):
+        if self.store is not None:
+            completed.told(self.store, [g for g in msg.group_ids if isinstance(g, str)])
 
     def receiveMsg_Stall(self, msg: proto.Stall, sender):
         self.server.block(msg.seconds)

@@ -1,6 +1,7 @@
 """Episode bookkeeping inside the registry: the service directory, task sources and their
-behaviors, learner progress, client-mode episodes and status.  Groups and leases (issue,
-retry, re-queue, finish) are in leases.py; upgrades and rollbacks in upgrades.py.
+behaviors, learner progress, what the episode stores report, and status.  Leases (issue,
+retry, re-queue, expire; client-mode episodes too) are in leases.py; upgrades and rollbacks
+in upgrades.py.  Whether a group is complete is the stores' judgment (store/completed.py).
 
 A plain state object, like the desks it holds: ``handlers()`` maps each message type to a
 method that takes the message and its sender and returns the messages to send, as
@@ -10,16 +11,14 @@ it must know of the registry (placed runners, restart counts) is handed to it.
 from __future__ import annotations
 
 import importlib
-import json
 import time
 from collections import deque
-from pathlib import Path
 
 from actorjet import behaviors
 from actorjet.monitor import metrics, tensorboard_events
 from actorjet.registry.behavior_store import BehaviorStore
-from actorjet.registry.clients import ClientDesk
 from actorjet.registry.counters import Counters
+from actorjet.registry.group_log import GroupLog
 from actorjet.registry.leases import LeaseDesk, Out
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
@@ -94,7 +93,8 @@ class EpisodeDesk:
         self.tb = tensorboard_events.EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
         self.batch_groups = int(train.get("groups_per_step", 1))
         self.subscribers: list = []
-        self.clients = ClientDesk(self.counters, self.leases)     # client-mode episodes (registry/clients.py)
+        self.group_log = GroupLog(self.run_dir)       # RUN_DIR/groups.jsonl, from the stores' news
+        self.untrained: dict[str, int] = {}          # model → complete groups its learner has not trained
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
         self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
         self.finished = False
@@ -109,7 +109,7 @@ class EpisodeDesk:
             m.RunnerDown: self.on_RunnerDown, proto.StoreCounts: self.on_StoreCounts, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
             proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.Quarantined: self.on_Quarantined, proto.ClientEvent: self.on_ClientEvent,
-            proto.EpisodeActivity: self.on_EpisodeActivity,
+            proto.EpisodeActivity: self.on_EpisodeActivity, proto.StoreNews: self.on_StoreNews,
             proto.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
             proto.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
             proto.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
@@ -245,17 +245,15 @@ class EpisodeDesk:
                 for t in names}
 
     def on_GroupResult(self, msg: proto.GroupResult, sender) -> Out:
-        out = self.route(self.leases.on_result(msg))
-        self._log_groups()
-        return out
+        return self.route(self.leases.on_result(msg))
 
-    def _log_groups(self) -> None:
-        """RUN_DIR/groups.jsonl: which code produced which finished group, for good."""
-        finished, self.leases.finished = self.leases.finished, []
-        if finished and self.run_dir:
-            now = round(time.time(), 3)
-            with open(Path(self.run_dir) / "groups.jsonl", "a") as f:
-                f.writelines(json.dumps(dict(g, t=now)) + "\n" for g in finished)
+    def on_StoreNews(self, msg: proto.StoreNews, sender) -> Out:
+        """A gateway's store judged these groups complete (groups.jsonl; the gateway marks them
+        told when it hears back) and holds this many its learner has not trained (the backlog)."""
+        groups = self.group_log.add(msg.completed if isinstance(msg.completed, list) else [])
+        if isinstance(msg.untrained, int):
+            self.untrained[str(msg.model)] = msg.untrained
+        return [(sender, proto.GroupsLogged(groups))] if groups else []
 
     def on_RunnerDown(self, msg: m.RunnerDown, sender) -> Out:
         return self.route(self.leases.lost({msg.runner_id}, "runner died"))
@@ -266,7 +264,7 @@ class EpisodeDesk:
         return self.route(self.leases.lost(runners, "node lost"))
 
     def tick(self) -> Out:
-        return self.upgrades.tick() + self.route(self.leases.tick() + self.clients.expire()) + self._watch()
+        return self.upgrades.tick() + self.route(self.leases.tick()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
     def on_StoreCounts(self, msg: proto.StoreCounts, sender) -> Out:
@@ -280,8 +278,9 @@ class EpisodeDesk:
         return []
 
     def _watch(self) -> Out:
-        """Learners report progress through Trained; their work is the finished groups they
-        have not consumed.  Anything stalled is crashed on purpose: its supervisor restarts it."""
+        """Learners report progress through Trained; their work is the complete groups their
+        store holds untrained (StoreNews).  Anything stalled is crashed on purpose: its
+        supervisor restarts it."""
         now = time.time()
         size = self.batch_groups
         for model, info in self.models.items():
@@ -289,7 +288,7 @@ class EpisodeDesk:
             if learner is None or self.finished or info.get("evaluating_step") is not None:
                 self.watchdog.forget(f"{model}/learner")
                 continue
-            backlog = self.counters.groups_finished - info["consumed"] - self.counters.groups_quarantined
+            backlog = self.untrained.get(model, 0)
             self.watchdog.progress(f"{model}/learner", info["learner_step"], int(backlog >= size),
                                    learner["address"], now)
         out: Out = []
@@ -314,7 +313,6 @@ class EpisodeDesk:
         """Episodes that called a model lately: their leases (and client episodes) stay alive."""
         now, ids = time.time(), [e for e in msg.episode_ids if isinstance(e, str)]
         self.leases.touch(ids, now)
-        self.clients.touch(ids, now)
         return []
 
     # -- learners -----------------------------------------------------------------------
@@ -369,7 +367,7 @@ class EpisodeDesk:
         return []
 
     def on_ClientEvent(self, msg: proto.ClientEvent, sender) -> Out:
-        return self.route(self.clients.on_event(msg.event))
+        return self.route(self.leases.client_event(msg.event))
 
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:

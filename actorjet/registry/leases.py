@@ -1,19 +1,26 @@
-"""GRPO groups and their leases, inside the registry: issue, retry, re-queue, finish.
+"""GRPO groups and their leases, inside the registry: issue, retry, re-queue, expire.
 
 A group is ``group_size`` episodes of one task.  It is handed out as one lease (one
-message, far below thespian's budget), and it is only ever trained whole:
+message, far below thespian's budget), and it is only ever trained whole.  This desk
+never sees a reward: a runner stores its episodes' rewards in every model's episode store
+(runner/results.py) and then reports each member as done or failed.  Whether a group is
+complete is the store's judgment alone (store/completed.py); the desk decides who runs what:
 
-    member raised            → that member is leased again (up to ``episode_retries`` rounds)
+    member failed            → that member is leased again (up to ``episode_retries`` rounds)
     lease expired / runner   → the lease's members are leased again (same rule)
       died / node lost
     retries used up          → the whole group is dropped, with its cause, never trained in part
     late result              → its lease is gone: rejected, logged, counted — never counted twice
-    all members done         → finished: counted here; its rewards are in every model's episode
-                               store already (the runner stored them before reporting:
-                               runner/results.py), so nothing is sent anywhere
+    every member done        → nothing left to lease: the group leaves the desk (counted as
+                               ``finished``); the stores hold it whole
     runner dies between      → the group is complete in the store and re-leased here; if the
       storing and reporting    learner took it already it is trained once and the re-run's
                                episodes are ignored (the store only ever hands out a group once)
+
+A client-mode episode (runner/client.py) is a lease too: a lease of one member, opened when
+the program opens the episode at a gateway, timed by the same idle and total limits, ended
+by the program's /end (done) or /abort (failed: a client's episode is never re-run, so its
+group is dropped whole, as any group whose retries are used up).
 
 A plain state object: no actor, no back-pointer.  Each call returns the messages to send, as
 (role, message) pairs — ``"gateways"`` (every gateway) — which the episode desk addresses;
@@ -29,7 +36,6 @@ from collections import deque
 
 from actorjet import signing
 from actorjet.registry.counters import Counters
-from actorjet.rl.rewards import bad_reward
 from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
 
@@ -57,7 +63,6 @@ class LeaseDesk:
         self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, started, active}
         self.retry: deque = deque()             # (group id, members) waiting for a runner
         self.serial = 0
-        self.finished: list[dict] = []          # finished since the registry last wrote groups.jsonl
 
     def room(self, source, consumed: dict[str, int], sources: list) -> int:
         """A task's room in the pipeline: its own share of the window (the heaviest task gets
@@ -94,8 +99,8 @@ class LeaseDesk:
             source.issued += 1
             self.counters.groups_issued += 1
             group_id = f"g{self.epoch}_{self.counters.groups_issued}"
-            group = {"group_id": group_id, "source": source.name, "task": next(source.tasks),
-                     "behavior": source.behavior, "version": source.version, "results": {}, "attempts": 0}
+            group = {"group_id": group_id, "source": source.name, "task": next(source.tasks), "size": self.group_size,
+                     "behavior": source.behavior, "version": source.version, "done": {}, "attempts": 0}
             self.groups[group_id] = group
             out.append(self._lease(group, list(range(self.group_size)), runner_id, urls))
         return out
@@ -126,7 +131,7 @@ class LeaseDesk:
         self.counters.in_flight += len(members)
         return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
                 "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
-                "episodes": episodes, "members": list(members), "group_size": self.group_size,
+                "episodes": episodes, "members": list(members), "group_size": group["size"],
                 "timeout_s": self.total_limit, "idle_s": self.idle_limit}
 
     def _drop(self, lease_id: str) -> dict | None:
@@ -155,25 +160,26 @@ class LeaseDesk:
         group = self.groups.get(lease["group_id"])
         if group is None:
             return []
-        by_id = {r["episode_id"]: r for r in msg.results if isinstance(r, dict)}
+        by_id = {r["episode_id"]: r for r in msg.results if isinstance(r, dict) and "episode_id" in r}
         failed, cause, closed = [], "", []
         for k, episode in zip(lease["members"], lease["episodes"]):
-            r = by_id.get(episode["episode_id"], {})
-            why = r.get("error") or ("no result" if r.get("reward") is None else bad_reward(r["reward"]))
+            r = by_id.get(episode["episode_id"])
+            why = "no result" if r is None else r.get("error")
             if why:
                 failed.append(k)
                 closed.append(episode["episode_id"])
-                cause = _cause(why)
+                cause = _cause(str(why))
             else:
-                group["results"][k] = {"episode_id": episode["episode_id"], "reward": r["reward"]}
+                group["done"][k] = episode["episode_id"]
         out = close(closed, f"it failed: {cause[:200]}")
         done = len(lease["members"]) - len(failed)
         runner = lease["runner_id"]
         self.counters.completed_by_runner[runner] = self.counters.completed_by_runner.get(runner, 0) + done
         if failed:
-            out += self._failed(group, failed, cause[:120], retry=not cause.startswith("upgrade abort"))
-        if group["group_id"] in self.groups and len(group["results"]) == self.group_size:
-            out += self._finish(group)
+            retry = not cause.startswith(("upgrade abort", "client abort"))
+            out += self._failed(group, failed, cause[:120], retry=retry)
+        if group["group_id"] in self.groups and len(group["done"]) == group["size"]:
+            self._finish(group)
         return out
 
     def _failed(self, group: dict, members: list[int], cause: str, retry: bool = True) -> Out:
@@ -184,7 +190,7 @@ class LeaseDesk:
             self.retry.append((group["group_id"], members))
             return []
         self.groups.pop(group["group_id"], None)
-        closed = [r["episode_id"] for r in group["results"].values()]   # finished, but never trained now
+        closed = list(group["done"].values())          # done, but never trained now
         for lease_id, lease in list(self.leases.items()):     # its other members are pointless now
             if lease["group_id"] == group["group_id"]:
                 self._drop(lease_id)
@@ -194,14 +200,44 @@ class LeaseDesk:
         log.warning("group %s dropped whole: %s", group["group_id"], cause)
         return close(closed, f"its group was dropped: {cause}")
 
-    def _finish(self, group: dict) -> Out:
+    def _finish(self, group: dict) -> None:
         self.groups.pop(group["group_id"], None)
-        self.counters.complete(group["source"], self.group_size)
+        self.counters.complete(group["source"], group["size"])
         self.counters.groups_finished += 1
-        self.finished.append({"group_id": group["group_id"], "task_name": group["source"],
-                              "behavior": group["behavior"], "version": group["version"],
-                              "rewards": {r["episode_id"]: r["reward"] for r in group["results"].values()}})
-        return []
+
+    # -- client mode: a lease of one member per episode -------------------------------------
+    def client_event(self, ev) -> Out:
+        """A gateway says a program opened, ended (its reward is in the stores) or aborted an
+        episode (ClientEvent)."""
+        ev = ev if isinstance(ev, dict) else {}
+        episode_id = ev.get("episode_id")
+        if not isinstance(episode_id, str):
+            return []
+        if ev.get("event") == "open":
+            size = ev.get("group_size")
+            self._open_client(episode_id, ev.get("group"), size if isinstance(size, int) else 1, ev.get("task"))
+            return []
+        lease_id = self.lease_of.get(episode_id)
+        if lease_id is None:
+            return []                      # expired already: the gateway refused its key
+        error = {"error": "client abort"} if ev.get("event") == "abort" else {}
+        return self.on_result(proto.GroupResult("client", lease_id, [{"episode_id": episode_id, **error}]))
+
+    def _open_client(self, episode_id: str, group_key: str | None, size: int, task) -> None:
+        group_id = f"c_{group_key or episode_id}"        # as the gateway's store names it
+        group = self.groups.get(group_id)
+        if group is None:
+            group = self.groups[group_id] = {
+                "group_id": group_id, "source": "client", "task": task, "size": max(1, size),
+                "behavior": "client", "version": 0, "done": {}, "attempts": self.max_retries, "opened": 0}
+            self.counters.groups_issued += 1
+        member, group["opened"] = group["opened"], group["opened"] + 1
+        lease_id = f"{group_id}~{episode_id}"
+        now = time.time()
+        self.leases[lease_id] = {"group_id": group_id, "members": [member], "runner_id": "client",
+                                 "episodes": [{"episode_id": episode_id}], "started": now, "active": now}
+        self.lease_of[episode_id] = lease_id
+        self.counters.in_flight += 1
 
     # -- failures of runners, nodes and time ---------------------------------------------
     def lost(self, runner_ids: set[str], cause: str) -> Out:
@@ -230,6 +266,8 @@ class LeaseDesk:
         lease = self._drop(lease_id)
         if lease is None:
             return []
+        if lease["runner_id"] == "client":            # a program's episode, not a runner's lease
+            cause, abandon = cause.replace("lease expired", "client expired"), False
         self.counters.in_flight -= len(lease["members"])
         log.warning("lease %s: %s", lease_id, cause)
         out = close([e["episode_id"] for e in lease["episodes"]], cause)
@@ -250,7 +288,7 @@ def _cause(error: str) -> str:
     for prefix, cause in (("upgrade abort", "upgrade abort"), ("timeout", "episode timeout"),
                           ("invalid reward", "invalid reward"),
                           ("runner restarted", "runner restarted"), ("worker died", "task worker died"),
-                          ("store", "reward not stored")):
+                          ("store", "reward not stored"), ("client abort", "client abort")):
         if error.startswith(prefix):
             return f"{cause}: {error}"
     return f"behavior error: {error}"

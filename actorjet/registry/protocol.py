@@ -53,9 +53,12 @@ class AbandonLease:
 
 @dataclass
 class GroupResult:
+    """Runner → registry when a lease's episodes ended: each one ran and its reward is in
+    every model's store (no ``error``), or it failed (``error``: why).  No rewards: the
+    stores hold them and judge the group (store/completed.py); the registry only re-leases."""
     runner_id: str
     lease_id: str                # a group may be leased several times (retries): the lease answers
-    results: list                # [{episode_id, reward, error}]
+    results: list                # [{episode_id, error?}]
 
 
 @dataclass
@@ -73,6 +76,22 @@ class StoreCounts:
     trained twice)."""
     model: str
     counts: dict
+
+
+@dataclass
+class StoreNews:
+    """Gateway → registry, every second: the groups that became complete in its model's store
+    since it last said (group_id, task_name, behavior, version, rewards: RUN_DIR/groups.jsonl)
+    and how many complete groups the learner has not trained yet (the watchdog's backlog)."""
+    model: str
+    completed: list
+    untrained: int
+
+
+@dataclass
+class GroupsLogged:
+    """Registry → gateway: these groups are in groups.jsonl; mark them told (store/completed.py)."""
+    group_ids: list
 
 
 @dataclass
@@ -133,7 +152,8 @@ class Evaluated:
 
 @dataclass
 class ClientEvent:
-    """Gateway → registry: a client-mode episode was opened, ended or aborted."""
+    """Gateway → registry: a client-mode episode was opened (a lease of one member, timed like
+    any other), ended (its reward is in the stores) or aborted."""
     event: dict
 
 

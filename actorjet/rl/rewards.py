@@ -1,7 +1,8 @@
 """What a reward may be, and what a failed episode's result looks like.
 
-A reward is checked wherever one enters: the gateway (client mode), the door
-(outbound nodes), the runner (a behavior's return value) and the registry (runner results).
+A reward is checked wherever one enters: the runner (a behavior's return value) and the
+gateway (a runner's results, a client's /end), which writes it to the episode store.  The
+registry never sees one (store/completed.py).
 
 A reward is a finite number, or an object naming models or roles with finite numbers
 (``{"proposer": 1.0, "verifier": 0.0}``).  Anything else — NaN, infinity, a string, a

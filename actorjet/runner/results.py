@@ -1,12 +1,13 @@
-"""A finished lease's rewards go to the episode store of every model, before the registry
-hears of them.
+"""A finished lease's rewards go to the episode store of every model, and only there; the
+registry then hears which episodes are done and which failed, never a reward.
 
 The store of each model sits with its gateway (store/episode_store.py); the runner already
 reaches every gateway for its LLM calls, so it posts the lease's good results to each
 gateway's ``/v1/actorjet/results``, each episode proven by its own key.  An episode whose
 reward could not be stored (a gateway down, a closed episode) is reported to the registry
 as failed, with that cause, and leased again: a group the registry counts as finished is on
-disk in every store.  One POST per gateway per lease, whatever the episodes did.
+disk in every store, and the stores alone say it is complete (store/completed.py).  One POST
+per gateway per lease, whatever the episodes did.
 """
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ TIMEOUT_S = 30.0
 
 
 def store_results(lease: dict, results: list[dict]) -> list[dict]:
-    """Post the lease's finished episodes to every gateway; those not stored everywhere come
-    back failed.  ``results`` are the runner's (episode_id, reward, error)."""
+    """Post the lease's finished episodes to every gateway; returns what the registry hears
+    (``outcomes``): those not stored everywhere come back failed.  ``results`` are the
+    runner's (episode_id, reward, error)."""
     keys = {e["episode_id"]: e["api_key"] for e in lease["episodes"]}
     members = {e["episode_id"]: k for e, k in zip(lease["episodes"], lease.get("members", range(10 ** 9)))}
     good = [r for r in results if not r.get("error") and r.get("reward") is not None]
     if not good:
-        return results
+        return outcomes(results)
     group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
              "behavior": lease["behavior"], "version": lease["version"]}
     body = {"group": group, "episodes": [
@@ -39,4 +41,11 @@ def store_results(lease: dict, results: list[dict]) -> list[dict]:
             detail = e.message if isinstance(e, http_json.HttpError) else e.reason
             for r in good:
                 why.setdefault(r["episode_id"], f"store unreachable: {model}'s gateway: {detail}")
-    return [failed(r["episode_id"], why[r["episode_id"]]) if r["episode_id"] in why else r for r in results]
+    return outcomes([failed(r["episode_id"], why[r["episode_id"]]) if r["episode_id"] in why else r for r in results])
+
+
+def outcomes(results: list[dict]) -> list[dict]:
+    """Done or failed per episode, without the reward (GroupResult): a result with neither a
+    reward nor an error is a failure too."""
+    return [{"episode_id": r["episode_id"]} if not r.get("error") and r.get("reward") is not None else
+            {"episode_id": r["episode_id"], "error": r.get("error") or "no reward"} for r in results]

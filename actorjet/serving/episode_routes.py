@@ -88,7 +88,7 @@ class EpisodeRoutes:
             if self.gw.record:
                 await loop.run_in_executor(self.gw.writer, self.gw.store.put_results, group, [episode])
             await self._tell_peers(group, dict(episode, api_key=request.headers["Authorization"][7:].strip()))
-        self.gw.outbox({"event": verb, "episode_id": episode_id, "reward": reward})
+        self.gw.outbox({"event": verb, "episode_id": episode_id})     # the reward stays in the stores
         return web.json_response({"ok": True})
 
     async def _tell_peers(self, group: dict, episode: dict) -> None:

@@ -73,9 +73,11 @@ CREATE TABLE IF NOT EXISTS groups (
     complete_at  REAL,                        -- every member has a reward (NULL: not yet)
     taken        INTEGER,                     -- claimed by the learner for a batch
     trained_step INTEGER,                     -- learner step that trained it
-    quarantine   TEXT                         -- {cause, sample}: it cannot be trained
+    quarantine   TEXT,                        -- {cause, sample}: it cannot be trained
+    logged       REAL                         -- told to the head as complete (store/completed.py)
 );
 CREATE INDEX IF NOT EXISTS trainable ON groups (complete_at, taken, quarantine);
+CREATE INDEX IF NOT EXISTS unlogged ON groups (logged, complete_at);
 CREATE TABLE IF NOT EXISTS closed (             -- keys refused from now on, and why
     episode_id TEXT PRIMARY KEY, cause TEXT, closed_at REAL
 );
@@ -132,6 +134,10 @@ class EpisodeStore:
         if "record" in old:
             from actorjet.store import upkeep
             upkeep.migrate(self)
+        groups = [r[1] for r in self.db.execute("PRAGMA table_info(groups)")]
+        if groups and "logged" not in groups:      # a store from before the stores judged groups
+            self.db.execute("ALTER TABLE groups ADD COLUMN logged REAL")
+            self.db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")   # told already
         closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
         if closed and "cause" not in closed:
             self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")

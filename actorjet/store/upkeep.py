@@ -22,11 +22,13 @@ def retain(store, step: int, archive: Path | None = None, keep_closed_s: float =
     it).  Freed pages go back to the file system (incremental vacuum), so the store's size
     follows what is pending, not the length of the run.  Refused keys are remembered for
     ``keep_closed_s`` (longer than any episode may run); calls under a key nobody knows any
-    more (a forgotten closed key used again) are deleted after that long too."""
+    more (a forgotten closed key used again) are deleted after that long too.  A group the
+    gateway has not yet told the head about (store/completed.py) waits for the next time."""
     forget_closed(store, keep_closed_s)
     with store._tx() as db:
         groups = db.execute("SELECT group_id, task_name, behavior, version, trained_step FROM groups "
-                            "WHERE trained_step IS NOT NULL AND trained_step <= ? AND quarantine IS NULL",
+                            "WHERE trained_step IS NOT NULL AND trained_step <= ? AND quarantine IS NULL "
+                            "AND logged IS NOT NULL",      # (its line in groups.jsonl first)
                             (step,)).fetchall()
         if not groups:
             return {"groups": 0, "episodes": 0}
