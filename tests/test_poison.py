@@ -39,6 +39,8 @@ def http(url, body=None, headers=None, raw=None, method="POST"):
                                  headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
+            if r.headers.get("Content-Type", "").startswith("text/event-stream"):
+                return r.status, {"events": r.read().decode()}         # a stream that succeeded
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())      # every error is JSON: this raises if it is not
@@ -68,7 +70,9 @@ json_values = st.recursive(
     max_leaves=12)
 FIELDS = ["model", "messages", "prompt", "temperature", "top_p", "n", "max_tokens", "max_completion_tokens",
           "stop", "seed", "stream", "logprobs", "top_logprobs", "stream_options", "tools", "tool_choice",
-          "reward", "task", "group", "group_size", "episodes", "presence_penalty", "user", "response_format"]
+          "reward", "task", "group", "group_size", "episodes", "presence_penalty", "user", "response_format",
+          "input", "instructions", "max_output_tokens", "previous_response_id", "text", "store", "system",
+          "stop_sequences", "metadata"]
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "bot"]) | json_values,
                                  "content": st.text(max_size=12) | json_values})
 bodies = st.one_of(
@@ -79,15 +83,33 @@ bodies = st.one_of(
                                                              "seed", "stream", "logprobs", "top_logprobs")}),
     st.fixed_dictionaries({"model": st.just("tiny"), "prompt": st.text(max_size=12)},
                           optional={k: json_values for k in ("temperature", "n", "max_tokens", "stop", "seed")}))
+item = st.one_of(                                  # Responses input items and Messages content blocks
+    message,
+    st.fixed_dictionaries({"type": st.sampled_from(["message", "function_call", "function_call_output", "reasoning",
+                                                    "text", "tool_use", "tool_result", "image"]) | json_values},
+                          optional={k: json_values | st.text(max_size=8) for k in
+                                    ("role", "content", "call_id", "name", "arguments", "output", "text", "id",
+                                     "input", "tool_use_id", "is_error")}))
+bodies = bodies | st.fixed_dictionaries(
+    {"model": st.just("tiny"), "input": st.text(max_size=12) | st.lists(item, max_size=3)},
+    optional={k: json_values for k in ("instructions", "max_output_tokens", "temperature", "tools", "tool_choice",
+                                       "previous_response_id", "stream", "text")}) | st.fixed_dictionaries(
+    {"model": st.just("tiny"), "max_tokens": st.integers(-1, 8) | json_values,
+     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]) | json_values,
+                                                 "content": st.text(max_size=8) | st.lists(item, max_size=3)}),
+                          max_size=3)},
+    optional={k: json_values for k in ("system", "temperature", "tools", "tool_choice", "stop_sequences", "stream")})
 raw_bodies = st.binary(max_size=64) | st.sampled_from([b"", b"{", b"\xff\xfe", b'{"a":' * 300, b"[" * 5000,
                                                        b'{"model": "tiny", "messages": [{"role": "user", "content": NaN}]}'])
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/actorjet/episodes", "/v1/actorjet/episodes/EP/end",
-         "/v1/actorjet/episodes/EP/abort", "/v1/actorjet/results"]
+         "/v1/actorjet/episodes/EP/abort", "/v1/actorjet/results", "/v1/responses", "/v1/messages"]
 
 
-def _check(status, body):
+def _check(status, body, path=""):
     assert status < 500, (status, body)
-    if status >= 400:
+    if status >= 400 and path == "/v1/messages":          # Anthropic's error shape on its route
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+    elif status >= 400:
         assert set(body["error"]) >= {"message", "type", "param", "code"}, body
 
 
@@ -100,7 +122,7 @@ def test_any_body_gets_json_4xx_or_success_never_5xx(served, path, body, raw, au
     token = {"episode": signing.mint_key(SECRET, episode), "cluster": SECRET, "junk": "x" * 40}[auth]
     status, answer = http(server.url + path.replace("EP", episode), body, {"Authorization": f"Bearer {token}"},
                           raw=raw if raw is not None else (json.dumps(body, allow_nan=True).encode()))
-    _check(status, answer)
+    _check(status, answer, path)
 
 
 def test_a_valid_request_succeeds_after_the_fuzzing_and_errors_are_openai_shaped(served):

@@ -10,7 +10,9 @@ answer leaves: the calls of one turn of the event loop in one transaction, in a 
 thread.  The rewards of finished episodes arrive here too, with the episode keys that prove
 them, and complete the model's GRPO groups; the learner pulls batches from the same store.
 
-Endpoints:  POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /healthz;
+Endpoints:  POST /v1/chat/completions, POST /v1/completions, POST /v1/responses
+(serving/responses_api.py), POST /v1/messages (serving/messages_api.py), GET /v1/models,
+GET /healthz;
 POST /v1/actorjet/results (finished episodes, from runners); client mode
 POST /v1/actorjet/episodes[/{id}/end|/abort].
 """
@@ -18,25 +20,37 @@ from __future__ import annotations
 
 import asyncio
 import json
+from array import array
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
 from actorjet import signing
 from actorjet.serving import openai_api as api
-from actorjet.serving import tool_calls
+from actorjet.serving import messages_api, tool_calls
 from actorjet.serving.batching_engine import GenRequest, GenResult, RequestFailed
 from actorjet.serving.episode_routes import EpisodeRoutes
 from actorjet.serving.openai_api import ApiError, EngineUnavailable
 from actorjet.store.episode_store import EpisodeStore
 from actorjet.store.records import CallRecord
 from actorjet.serving.render import Renderer
+from actorjet.serving.responses_api import ResponsesRoutes
+from actorjet.serving.tool_choice import parse_tool_choice, tool_choice_prefix
 from actorjet.signing import bearer_ok
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
 
+
+@dataclass
+class Answer:
+    """One sampled answer: what the engine returned, and its text and tool calls as parsed."""
+    result: GenResult
+    content: str | None
+    calls: list[dict]
+    finish_reason: str          # stop | length | tool_calls
 
 
 class GatewayApp:
@@ -64,9 +78,12 @@ class GatewayApp:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024,
-                              middlewares=[api.error_middleware(f"gateway {self.model}", self._translate)])
+                              middlewares=[api.error_middleware(f"gateway {self.model}", self._translate,
+                                                                {"/v1/messages": messages_api.error_body})])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/responses", ResponsesRoutes(self).create)
+        app.router.add_post("/v1/messages", messages_api.MessagesRoutes(self).create)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/models/{model}", self.model_info)
         app.router.add_get("/healthz", self.health)
@@ -84,10 +101,10 @@ class GatewayApp:
 
     # -- helpers ------------------------------------------------------------------------
     def _episode(self, request) -> str:
-        auth = request.headers.get("Authorization", "")
-        key = auth[7:].strip() if auth.startswith("Bearer ") else ""
+        auth = request.headers.get("Authorization", "")      # (x-api-key: the anthropic SDK's way)
+        key = auth[7:].strip() if auth.startswith("Bearer ") else request.headers.get("x-api-key", "").strip()
         if not key:
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <episode key>'",
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <episode key>' (or x-api-key)",
                            code="invalid_api_key", kind="authentication_error")
         episode_id = signing.verify_key(self.secret, key)
         if episode_id is None:
@@ -160,8 +177,9 @@ class GatewayApp:
             self.weight_version = max(r.weight_version for r in results)
         return results
 
-    def _text(self, result: GenResult, stop: list[str]) -> str:
-        text = self.tokenizer.decode(result.completion_ids, skip_special_tokens=True)
+    def _text(self, result: GenResult, stop: list[str], forced: list[int] = ()) -> str:
+        """The answer as text: with a forced tool-call opening (tool_choice), that opening too."""
+        text = self.tokenizer.decode(list(forced) + list(result.completion_ids), skip_special_tokens=True)
         cut = min((text.find(x) for x in stop if x in text), default=-1)
         return text[:cut] if cut >= 0 else text
 
@@ -205,6 +223,28 @@ class GatewayApp:
         asyncio.get_running_loop().run_in_executor(self.writer, self.store.flush).add_done_callback(
             lambda f: f.get_loop().call_soon_threadsafe(finished, f))
 
+    # -- one call, whatever the API ----------------------------------------------------------
+    async def answer(self, request, episode_id: str, messages: list, tools: list | None, s: api.Sampling,
+                     tool_choice=None) -> tuple[list[int], list[Answer]]:
+        """Render, generate, record (before anything is answered), and parse tool calls: the
+        same for the chat, Responses and Messages APIs, so their calls merge alike.  ``messages``
+        and ``tools`` in chat-completions form; ``tool_choice``: serving/tool_choice.py."""
+        role = self._role(request)
+        forced = tool_choice_prefix(self.tokenizer, tools, tool_choice)
+        prompt_ids = self._render(episode_id, role, messages, tools)
+        if forced:
+            prompt_ids = prompt_ids + array("i", forced)
+        max_tokens = self._budget(prompt_ids, s)
+        results = await self._generate(prompt_ids, s, max_tokens, episode_id, f"{episode_id}/{role}")
+        await self._record(episode_id, role, prompt_ids, results, s, messages, tools)
+        answers = []
+        for r in results:
+            content, calls = self._text(r, s.stop, forced), []
+            if tools and tool_choice != "none":
+                content, calls = tool_calls.split_tool_calls(content, tools, self.tokenizer)
+            answers.append(Answer(r, content, calls, "tool_calls" if calls else r.finish_reason))
+        return prompt_ids, answers
+
     # -- OpenAI endpoints ----------------------------------------------------------------
     async def chat(self, request):
         episode_id = self._episode(request)
@@ -212,22 +252,16 @@ class GatewayApp:
         self._check_model(body)
         messages, tools = api.parse_messages(body), api.parse_tools(body)
         s = api.parse_sampling(body)
-        role = self._role(request)
-        prompt_ids = self._render(episode_id, role, messages, tools)
-        max_tokens = self._budget(prompt_ids, s)
-        results = await self._generate(prompt_ids, s, max_tokens, episode_id, f"{episode_id}/{role}")
-        await self._record(episode_id, role, prompt_ids, results, s, messages, tools)
+        choice = parse_tool_choice(body.get("tool_choice"), tools)
+        prompt_ids, answers = await self.answer(request, episode_id, messages, tools, s, choice)
         choices = []
-        for k, r in enumerate(results):
-            content, calls = self._text(r, s.stop), []
-            if tools:
-                content, calls = tool_calls.split_tool_calls(content, tools, self.tokenizer)
-            message = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = calls
-            choice = {"index": k, "message": message, "finish_reason": "tool_calls" if calls else r.finish_reason,
-                      "logprobs": self._logprobs(r, content or "") if s.logprobs else None}
-            choices.append(choice)
+        for k, a in enumerate(answers):
+            message = {"role": "assistant", "content": a.content}
+            if a.calls:
+                message["tool_calls"] = a.calls
+            choices.append({"index": k, "message": message, "finish_reason": a.finish_reason,
+                            "logprobs": self._logprobs(a.result, a.content or "") if s.logprobs else None})
+        results = [a.result for a in answers]
         n_out = sum(len(r.completion_ids) for r in results)
         if s.stream:
             return await self._stream(request, choices, results, len(prompt_ids), n_out, s)

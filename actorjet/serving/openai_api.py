@@ -30,11 +30,12 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
-def error_middleware(service: str, translate=lambda e: None):
+def error_middleware(service: str, translate=lambda e: None, shapes: dict | None = None):
     """Every error of an HTTP service as OpenAI-shaped JSON with the right status, whatever
     went wrong: an ApiError as it says, aiohttp's own (404, 405, 413) with their status, and
     anything else — a bug of ours — as a logged 500.  ``translate`` turns a service's own
-    exceptions into ApiErrors (the gateway's EngineUnavailable → a retryable 503)."""
+    exceptions into ApiErrors (the gateway's EngineUnavailable → a retryable 503);
+    ``shapes`` maps a path to another API's error body (Anthropic's on /v1/messages)."""
     @web.middleware
     async def errors(request, handler):
         try:
@@ -51,7 +52,8 @@ def error_middleware(service: str, translate=lambda e: None):
                 log.exception("%s: %s %s failed", service, request.method, request.path)
                 err = ApiError(500, f"internal error ({type(e).__name__}); it is logged", kind="server_error",
                                code="internal_error")
-            return web.json_response(err.body(), status=err.status, headers=err.headers)
+            shape = (shapes or {}).get(request.path)
+            return web.json_response(shape(err) if shape else err.body(), status=err.status, headers=err.headers)
     return errors
 
 
@@ -184,6 +186,12 @@ _ID_COUNTER = itertools.count()
 def completion_id(kind: str = "chatcmpl") -> str:
     """A unique response id without a system call per response (uuid4 reads /dev/urandom)."""
     return f"{kind}-{_ID_PREFIX}{next(_ID_COUNTER):012x}"
+
+
+def pieces(text: str, size: int = 16) -> list[str]:
+    """A recorded answer replayed as small stream deltas (its tokens were sampled already: a
+    client sees the same text either way; deltas of a few characters keep a UI's typing)."""
+    return [text[i:i + size] for i in range(0, len(text), size)]
 
 
 def chat_response(model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
