@@ -151,6 +151,8 @@ class GatewayApp:
             raise ApiError(400, f"the prompt is {len(prompt_ids)} tokens; this model's context is "
                            f"{self.max_len} tokens. Shorten the messages.", "messages",
                            code="context_length_exceeded")
+        if s.max_tokens is not None and s.max_tokens > room and s.cap_to_context:
+            return room
         if s.max_tokens is not None and s.max_tokens > room:
             raise ApiError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({s.max_tokens}) exceeds "
                            f"the context of {self.max_len} tokens", "max_tokens",

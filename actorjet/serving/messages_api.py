@@ -9,7 +9,8 @@ becomes content blocks — so it is recorded exactly like a chat call, and its t
 Supported: ``system`` (a string or text blocks); ``messages`` whose content is a string or
 ``text`` / ``tool_use`` / ``tool_result`` blocks; ``tools`` with ``input_schema``;
 ``tool_choice`` (auto, any, tool, none: serving/tool_choice.py); ``stop_sequences``,
-``max_tokens`` (required, as in Anthropic's API), ``temperature`` (0 to 1), ``top_p``;
+``max_tokens`` (required, as in Anthropic's API; a cap: more than the context leaves after
+the prompt is cut to what it leaves), ``temperature`` (0 to 1), ``top_p``;
 ``stream`` with Anthropic's event names; ``usage``.  Errors on this route have Anthropic's
 shape (``{"type": "error", "error": {"type", "message"}}``); images and documents are a 400
 that says so; thinking blocks a harness echoes back are skipped (these models write none), and
@@ -151,11 +152,13 @@ def sampling(body: dict) -> api.Sampling:
     if body.get("stop_sequences") is not None:
         fields["stop"] = body["stop_sequences"]
     try:
-        return api.parse_sampling(fields, max_n=1)
+        s = api.parse_sampling(fields, max_n=1)
     except ApiError as e:
         if e.param == "stop":
             e.param, e.message = "stop_sequences", "'stop_sequences' must be a list of up to 4 non-empty strings"
         raise
+    s.cap_to_context = True      # harnesses written for large models send large max_tokens: a cap here
+    return s
 
 
 class MessagesRoutes:

@@ -84,6 +84,7 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0
     include_usage: bool = False
+    cap_to_context: bool = False     # max_tokens is a cap: cut to the room the prompt leaves (Messages API)
 
 
 MIN_TEMPERATURE = 1e-3     # below this, softmax(logits / t) overflows: sampled as greedy (t = 0)

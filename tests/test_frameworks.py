@@ -1,0 +1,133 @@
+"""Agents written with the frameworks people use, unchanged, against real gateways: LangChain /
+LangGraph (chat completions), the OpenAI Agents SDK (its default model class: the Responses
+API) and the anthropic SDK (the Messages API).  The wire on tiny-arith in-process, then every
+example agent training on a real head (agents/examples/)."""
+import asyncio
+import json
+import os
+
+import pytest
+
+from actorjet import signing
+from actorjet.models import zoo
+from actorjet.serving.gateway_app import GatewayApp, local_backend
+from actorjet.serving.serve import AppServer
+from actorjet.serving.transformers_engine import TransformersEngine
+from swarm import REPO, wait_until
+
+for package in ("langgraph", "langchain_openai", "anthropic"):      # extra `frameworks` (CI installs it)
+    pytest.importorskip(package, reason="pip install -e '.[frameworks]' for the framework tests")
+if not __import__("agents")._SDK:
+    pytest.skip("pip install -e '.[frameworks]' for the framework tests (openai-agents)", allow_module_level=True)
+
+SECRET = "frameworks"
+EXAMPLES = ("langgraph_react", "openai_agents_sdk", "anthropic_calculator")
+
+
+@pytest.fixture(scope="module")
+def served():
+    engine = TransformersEngine(zoo.tiny_arith(0))
+    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len, default_max_tokens=6)
+    server = AppServer(gw.app())
+    yield gw, server
+    server.stop()
+    engine.close()
+
+
+def calls_of(gw, episode):
+    gw.store.flush()
+    return gw.store.calls([episode])[episode]
+
+
+def test_no_module_of_ours_shadows_one_of_the_agents_sdk():
+    """agents/__init__.py lets this repository's `agents` and the SDK's live side by side."""
+    import agents
+    from agents import Agent, Runner                                  # the SDK's names, through ours
+    sdk = os.path.dirname(agents._SDK or "")
+    assert Agent.__module__ == "agents.agent" and Runner.__module__ == "agents.run"
+    ours = {p.stem for p in (REPO / "agents").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    theirs = {name.removesuffix(".py") for name in os.listdir(os.path.join(sdk, "agents"))}
+    assert not (ours - {"__init__"}) & theirs
+
+
+def test_langchain_invoke_stream_async_and_batch(served):
+    from langchain_openai import ChatOpenAI
+
+    gw, server = served
+    model = ChatOpenAI(model="tiny", base_url=server.url + "/v1", api_key=signing.mint_key(SECRET, "lc"),
+                       max_tokens=4, max_retries=0)
+    said = model.invoke("12+30=")
+    assert isinstance(said.content, str) and said.response_metadata["finish_reason"] in ("stop", "length")
+    streamed = "".join(chunk.content for chunk in model.stream("12+30="))
+    awaited = asyncio.run(model.ainvoke("40+2="))
+    batch = model.batch(["1+1=", "2+2="])
+    assert isinstance(streamed, str) and isinstance(awaited.content, str) and len(batch) == 2
+    assert len(calls_of(gw, "lc")) == 5                              # every call recorded under the episode
+
+
+def test_agents_sdk_default_model_runs_sync_streamed_and_async(served):
+    from openai import AsyncOpenAI
+
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    gw, server = served
+    set_tracing_disabled(True)
+    def agent():          # a client per event loop (its connections belong to the loop that opened them)
+        client = AsyncOpenAI(base_url=server.url + "/v1", api_key=signing.mint_key(SECRET, "sdk"), max_retries=0)
+        return Agent(name="adder", model=OpenAIResponsesModel(model="tiny", openai_client=client),
+                     model_settings=ModelSettings(temperature=0))     # greedy: "42" and the end of turn
+    result = Runner.run_sync(agent(), "12+30=")
+    assert isinstance(result.final_output, str)
+
+    async def streamed():
+        run = Runner.run_streamed(agent(), "40+2=")
+        kinds = [event.type async for event in run.stream_events()]
+        return run.final_output, kinds
+    final, kinds = asyncio.run(streamed())
+    assert isinstance(final, str) and "raw_response_event" in kinds
+    assert len(calls_of(gw, "sdk")) == 2
+    assert [c["messages"] for c in calls_of(gw, "sdk")] == [[{"role": "user", "content": "12+30="}],
+                                                            [{"role": "user", "content": "40+2="}]]
+
+
+JOB = """
+[[models]]
+name = "policy"
+source = "tiny-arith"
+eval_every = 1000
+{tasks}
+[train]
+group_size = 2
+groups_per_step = 3
+steps = {steps}
+runner_concurrency = 6
+"""
+TASK = """[[tasks]]
+name = "{name}"
+source = "agents.arithmetic"
+behavior = "agents.examples.{name}:behavior"
+"""
+
+
+@pytest.mark.slow
+def test_every_example_agent_trains_on_a_real_head(swarm, tmp_path):
+    """Each example is shipped to the runners as a behavior, runs its framework there, and its
+    groups are stored and trained (tiny-arith reads the tool guides as unknown characters:
+    this is the wire, not the learning; agents/calculator.py's recipe is the learning)."""
+    steps = 4
+    (tmp_path / "job.toml").write_text(JOB.format(tasks="".join(TASK.format(name=n) for n in EXAMPLES), steps=steps))
+    run = tmp_path / "run"
+    from actorjet.runtime.head import attach_root, status as head_status
+
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=2,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what=f"{steps} learner steps")
+    data = status()
+    assert data["models"][0]["learner_step"] == steps
+    for name in EXAMPLES:
+        task = data["tasks"][name]
+        assert task["completed"] > 0 and not task["aborted_by_cause"], (name, task)
+    logged = wait_until(lambda: [json.loads(x) for x in (run / "groups.jsonl").read_text().splitlines()], 10,
+                        what="groups.jsonl")
+    assert {g["task_name"] for g in logged} == set(EXAMPLES)
