@@ -1,7 +1,7 @@
 """Agents written with the frameworks people use, unchanged, against real gateways: LangChain /
 LangGraph (chat completions), the OpenAI Agents SDK (its default model class: the Responses
-API) and the anthropic SDK (the Messages API).  The wire on tiny-arith in-process, then every
-example agent training on a real head (agents/examples/)."""
+API), the anthropic SDK (the Messages API) and AgentScope.  The wire on tiny-arith in-process,
+then every example agent training on a real head (agents/examples/)."""
 import asyncio
 import json
 import os
@@ -15,13 +15,13 @@ from actorjet.serving.serve import AppServer
 from actorjet.serving.transformers_engine import TransformersEngine
 from swarm import REPO, wait_until
 
-for package in ("langgraph", "langchain_openai", "anthropic"):      # extra `frameworks` (CI installs it)
+for package in ("langgraph", "langchain_openai", "anthropic", "agentscope"):      # extra `frameworks` (CI installs it)
     pytest.importorskip(package, reason="pip install -e '.[frameworks]' for the framework tests")
 if not __import__("agents")._SDK:
     pytest.skip("pip install -e '.[frameworks]' for the framework tests (openai-agents)", allow_module_level=True)
 
 SECRET = "frameworks"
-EXAMPLES = ("langgraph_react", "openai_agents_sdk", "anthropic_calculator")
+EXAMPLES = ("langgraph_react", "openai_agents_sdk", "anthropic_calculator", "agentscope_react")
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +93,15 @@ def test_agents_sdk_default_model_runs_sync_streamed_and_async(served):
 JOB = """
 [[models]]
 name = "policy"
-source = "tiny-arith"
+source = "tiny-long"          # 32k positions: AgentScope's prompt alone is ~600 tokens
+default_max_tokens = 8
 eval_every = 1000
 {tasks}
 [train]
 group_size = 2
-groups_per_step = 3
+groups_per_step = 4
 steps = {steps}
-runner_concurrency = 6
+runner_concurrency = 8
 """
 TASK = """[[tasks]]
 name = "{name}"
@@ -112,8 +113,8 @@ behavior = "agents.examples.{name}:behavior"
 @pytest.mark.slow
 def test_every_example_agent_trains_on_a_real_head(swarm, tmp_path):
     """Each example is shipped to the runners as a behavior, runs its framework there, and its
-    groups are stored and trained (tiny-arith reads the tool guides as unknown characters:
-    this is the wire, not the learning; agents/calculator.py's recipe is the learning)."""
+    groups are stored and trained (on tiny-long, a random-weight character model: this is the
+    wire, not the learning; agents/calculator.py's recipe with SmolLM2 is the learning)."""
     steps = 4
     (tmp_path / "job.toml").write_text(JOB.format(tasks="".join(TASK.format(name=n) for n in EXAMPLES), steps=steps))
     run = tmp_path / "run"

@@ -1,0 +1,40 @@
+"""The calculator task (agents/calculator.py) as an AgentScope ReAct agent.
+
+AgentScope 2's ``Agent`` (a ReAct loop) with its ``OpenAIChatModel`` pointed at the gateway
+(chat completions, ``tools=``) and the calculator as a ``FunctionTool`` in its ``Toolkit``:
+AgentScope formats the conversation, runs the tool the model calls and sends the result back.
+
+    as a behavior:  behavior = "agents.examples.agentscope_react:behavior"
+    client mode:    python -m agents.examples.client_mode agents.examples.agentscope_react GATEWAY --token T
+"""
+from __future__ import annotations
+
+import asyncio
+
+from agentscope.agent import Agent, ReActConfig
+from agentscope.credential import OpenAICredential
+from agentscope.message import TextBlock, UserMsg
+from agentscope.model import OpenAIChatModel
+from agentscope.tool import FunctionTool, ToolChunk, Toolkit
+
+from agents import calculator as calc
+
+
+def calculator(expression: str) -> ToolChunk:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: the expression, e.g. "583 * 94"
+    """
+    return ToolChunk(content=[TextBlock(text=calc.calculate(expression))])
+
+
+def behavior(task: dict, llm) -> float:
+    model = OpenAIChatModel(credential=OpenAICredential(api_key=llm.api_key, base_url=llm.base_url()),
+                            model=llm.model(), stream=False, max_retries=2,
+                            parameters=OpenAIChatModel.Parameters(temperature=calc.TEMPERATURE))
+    agent = Agent(name="calculator", system_prompt="Answer with the number.", model=model,
+                  toolkit=Toolkit(tools=[FunctionTool(calculator)]),
+                  react_config=ReActConfig(max_iters=calc.MAX_CALLS + 1))
+    reply = asyncio.run(agent.reply(UserMsg(name="user", content=task["question"])))
+    return calc.score(task, reply.get_text_content())
