@@ -39,6 +39,7 @@ MODEL_DEFAULTS = {
     "lora": {},     # {} = full fine-tuning; { r = 16, alpha = 32, target_modules = "all-linear" } (rl/lora.py)
     "base": "",     # another model's name: be an adapter on that model's engine (both use lora)
     "prefix_cache_mb": 1024.0,   # transformers engine: KV caches kept between a conversation's calls (0: none)
+    "tool_parser": "",   # hermes | llama3_json | mistral | pythonic ('': read from the chat template)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -105,6 +106,9 @@ def normalize(data: dict, where: str = "job") -> dict:
         if m["engine"] not in ("transformers", "vllm"):
             raise UserError(f"{where}: model {m['name']!r}: engine must be transformers or vllm")
         m["lora"] = lora.check(m["lora"], f"{where}: model {m['name']!r}")
+        if m["tool_parser"] not in ("", "hermes", "llama3_json", "mistral", "pythonic"):
+            raise UserError(f"{where}: model {m['name']!r}: tool_parser must be hermes, llama3_json, mistral or "
+                            "pythonic (or absent: read from the chat template)")
         if m["prefix_cache_mb"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: prefix_cache_mb must be >= 0 (0: keep none)")
     _check_bases(job["models"], where)

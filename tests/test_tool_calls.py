@@ -117,3 +117,64 @@ def test_calculator_spec_is_multi_turn_and_its_environment_is_safe():
         return {"role": "assistant", "content": "54802"}
     assert calculator.play({"question": "q", "answer": "54802"}, ask) == 1.0
     assert seen[1][-1] == {"role": "tool", "tool_call_id": "c1", "content": "54802"}
+
+
+class _Template:
+    """A tokenizer as far as tool_format reads one: its chat template's text."""
+    def __init__(self, template: str):
+        self.chat_template = template
+
+
+@pytest.mark.parametrize("template, fmt", [
+    ("{% for tool in tools %}<tool_call>{{ tool }}</tool_call>{% endfor %}", "hermes"),
+    ("{%- if tools %}<|start_header_id|>ipython<|end_header_id|>{% endif %}<|python_tag|>", "llama3_json"),
+    ("{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]", "mistral"),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", "pythonic"),      # knows no tools
+])
+def test_the_call_format_is_read_from_the_chat_template_or_named(template, fmt):
+    from actorjet.serving.tool_calls import tool_format
+
+    assert tool_format(_Template(template)) == fmt
+    assert tool_format(_Template(template), "mistral") == "mistral"     # the model entry's tool_parser wins
+
+
+def test_each_format_parses_parallel_calls_in_openai_shape():
+    from actorjet.serving.tool_calls import split_hermes, split_llama3_json, split_mistral
+
+    hermes = 'Let me add. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>' \
+             '<tool_call>{"name": "mul", "arguments": {"b": 2}}</tool_call>'
+    llama = '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; {"name": "mul", "parameters": {"b": 2}}'
+    mistral = '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "mul", "arguments": {"b": 2}}]'
+    for split, text, rest in ((split_hermes, hermes, "Let me add."), (split_llama3_json, llama, None),
+                              (split_mistral, mistral, None)):
+        content, calls = split(text)
+        assert content == rest, split
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+            [("add", {"a": 1}), ("mul", {"b": 2})], split
+        assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+    for split in (split_hermes, split_llama3_json, split_mistral):          # plain text stays text
+        assert split("42, no tools needed") == ("42, no tools needed", [])
+    assert split_mistral("[TOOL_CALLS] not json") == ("[TOOL_CALLS] not json", [])
+
+
+@pytest.mark.parametrize("fmt, choice, opening", [
+    ("hermes", "required", "<tool_call>\n"),
+    ("hermes", {"name": "add"}, '<tool_call>\n{"name": "add", "arguments": '),
+    ("llama3_json", {"name": "add"}, '{"name": "add", "parameters": '),
+    ("mistral", "required", '[TOOL_CALLS][{"name": "'),
+    ("pythonic", {"name": "add"}, "[add("),
+    ("pythonic", "none", ""),
+])
+def test_tool_choice_writes_the_opening_of_a_call_in_the_models_format(fmt, choice, opening):
+    from actorjet.serving.tool_choice import opening as write
+
+    assert write(_Template("{{ tools }}"), choice, fmt) == opening
+
+
+def test_the_model_entry_names_a_tool_parser_or_gets_a_clear_error():
+    from actorjet.config import normalize
+    from actorjet.errors import UserError
+
+    assert normalize({"models": [{"tool_parser": "llama3_json"}]})["models"][0]["tool_parser"] == "llama3_json"
+    with pytest.raises(UserError, match="tool_parser must be hermes, llama3_json, mistral or pythonic"):
+        normalize({"models": [{"tool_parser": "xml"}]})

@@ -126,7 +126,7 @@ class Gateway(ManagedActor):
                               default_max_tokens=cfg["default_max_tokens"], outbox=self.events.put,
                               directory=lambda: dict(self.base_urls), record=bool(cfg["trainable"]),
                               store=self.store, peers=lambda: dict(self.trainable_urls),
-                              adapter=self.model if cfg.get("base") else "")
+                              adapter=self.model if cfg.get("base") else "", tool_parser=cfg.get("tool_parser", ""))
         self.engine_of = engine_of(job, self.model)
         # bound to this node's address and advertised as reachable from other hosts; a
         # restarted gateway comes back on the same port (runtime/endpoints.py)

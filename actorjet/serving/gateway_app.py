@@ -57,7 +57,8 @@ class GatewayApp:
     def __init__(self, model: str, tokenizer, backend: Backend, secret: str, max_len: int,
                  store: EpisodeStore | None = None, default_max_tokens: int = 256,
                  outbox: Callable[[dict], None] | None = None, directory: Callable[[], dict] | None = None,
-                 record: bool = True, peers: Callable[[], dict] | None = None, adapter: str = ""):
+                 record: bool = True, peers: Callable[[], dict] | None = None, adapter: str = "",
+                 tool_parser: str = ""):
         self.model, self.tokenizer, self.backend = model, tokenizer, backend
         self.secret, self.max_len = secret, max_len
         self.store = store or EpisodeStore()
@@ -72,6 +73,7 @@ class GatewayApp:
         self.requests = 0
         self.record = record        # a frozen model (nothing trains on its calls) keeps no records
         self.adapter = adapter      # base = "other": this model is that engine's adapter of this name
+        self.tool_parser = tool_parser   # the model entry's tool_parser ('': read from the chat template)
         self.renderer = Renderer(tokenizer)                 # chat messages → ids, O(new tokens) per call
         self.active: set[str] = set()        # episodes seen since the actor last reported them (idle limit)
         self.calling: dict[str, int] = {}    # episodes with a call in the engine now (active too)
@@ -232,7 +234,7 @@ class GatewayApp:
         same for the chat, Responses and Messages APIs, so their calls merge alike.  ``messages``
         and ``tools`` in chat-completions form; ``tool_choice``: serving/tool_choice.py."""
         role = self._role(request)
-        forced = tool_choice_prefix(self.tokenizer, tools, tool_choice)
+        forced = tool_choice_prefix(self.tokenizer, tools, tool_choice, self.tool_parser)
         prompt_ids = self._render(episode_id, role, messages, tools)
         if forced:
             prompt_ids = prompt_ids + array("i", forced)
@@ -243,7 +245,7 @@ class GatewayApp:
         for r in results:
             content, calls = self._text(r, s.stop, forced), []
             if tools and tool_choice != "none":
-                content, calls = tool_calls.split_tool_calls(content, tools, self.tokenizer)
+                content, calls = tool_calls.split_tool_calls(content, tools, self.tokenizer, self.tool_parser)
             answers.append(Answer(r, content, calls, "tool_calls" if calls else r.finish_reason))
         return prompt_ids, answers
 

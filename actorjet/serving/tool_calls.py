@@ -1,12 +1,21 @@
 """Tool calls in and out of a model's text, for every chat template.
 
-A chat template that renders ``tools`` (Qwen, Hermes, Llama 3.1 ...) gets them as is, and the
-model's ``<tool_call>{json}</tool_call>`` blocks become OpenAI ``tool_calls``.  Many small chat
-models (SmolLM2 among them) have templates that know no tools: they drop the tool list and fail
-on an assistant message without content.  For those the gateway writes the tools into the
-system message itself, in the *pythonic* style that vLLM's ``pythonic`` parser also reads
-(``[calculator(expression="2 * 3")]``): small models imitate a function call far more readily
-than a JSON block (SmolLM2-135M: 12 of 64 samples against 0 of 64, docs/real-models.md).
+A chat template that renders ``tools`` gets them as is, and the model's calls are parsed in
+the format its family writes (``FORMATS``; chosen from the template once, or named in the
+model entry as ``tool_parser``):
+
+    hermes        ``<tool_call>{"name": .., "arguments": {..}}</tool_call>`` (Qwen, Hermes, most)
+    llama3_json   ``{"name": .., "parameters": {..}}``, several joined by ``;``, maybe after
+                  ``<|python_tag|>`` (Llama 3.1 / 3.2 / 3.3)
+    mistral       ``[TOOL_CALLS][{"name": .., "arguments": {..}}, ..]`` (Mistral, Mixtral)
+    pythonic      ``[name(key="value")]`` — for templates that know no tools (below)
+
+Many small chat models (SmolLM2 among them) have templates that know no tools: they drop the
+tool list and fail on an assistant message without content.  For those the gateway writes the
+tools into the system message itself, in the *pythonic* style that vLLM's ``pythonic`` parser
+also reads (``[calculator(expression="2 * 3")]``): small models imitate a function call far
+more readily than a JSON block (SmolLM2-135M: 12 of 64 samples against 0 of 64,
+docs/real-models.md).  Every format parses several calls in one answer (parallel calls).
 
 The rendering of a call is canonical, so an agent that sends the parsed call back renders to
 the very tokens the model sampled, and the context tracker merges the turns into one sequence.
@@ -48,6 +57,60 @@ def split_hermes(text: str) -> tuple[str | None, list[dict]]:
     if not calls:
         return text, []
     rest = _HERMES.sub("", text).strip()
+    return (rest or None), calls
+
+
+# -- Llama 3.x JSON and Mistral: the template renders the tools; the model writes JSON ----------
+def _json_objects(text: str) -> list[tuple[int, int, object]]:
+    """(start, end, value) of each JSON value that starts at a '{' or '[' in ``text``."""
+    decoder, out, pos = json.JSONDecoder(), [], 0
+    while pos < len(text):
+        starts = [i for i in (text.find("{", pos), text.find("[", pos)) if i >= 0]
+        if not starts:
+            break
+        start = min(starts)
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            pos = start + 1
+            continue
+        out.append((start, end, value))
+        pos = end
+    return out
+
+
+def _named_calls(values, args_key: str) -> list[dict]:
+    return [_call(v["name"], v.get(args_key, v.get("arguments", {}))) for v in values
+            if isinstance(v, dict) and isinstance(v.get("name"), str)]
+
+
+def split_llama3_json(text: str) -> tuple[str | None, list[dict]]:
+    """``{"name": .., "parameters": {..}}`` objects (after ``<|python_tag|>`` or not)."""
+    body = text.replace("<|python_tag|>", "")
+    calls, spans = [], []
+    for start, end, value in _json_objects(body):
+        found = _named_calls([value], "parameters")
+        if found:
+            calls += found
+            spans.append((start, end))
+    if not calls:
+        return text, []
+    rest = "".join(body[a:b] for a, b in zip([0] + [e for _, e in spans], [s for s, _ in spans] + [len(body)]))
+    return (rest.replace(";", " ").strip() or None), calls
+
+
+def split_mistral(text: str) -> tuple[str | None, list[dict]]:
+    """``[TOOL_CALLS]`` followed by a JSON list of ``{"name", "arguments"}``."""
+    head, marker, tail = text.partition("[TOOL_CALLS]")
+    if not marker:
+        return text, []
+    objects = _json_objects(tail)
+    if not objects or not isinstance(objects[0][2], list):
+        return text, []
+    calls = _named_calls(objects[0][2], "arguments")
+    if not calls:
+        return text, []
+    rest = (head + tail[objects[0][1]:]).strip()
     return (rest or None), calls
 
 
@@ -159,11 +222,33 @@ def split_pythonic(text: str, tools: list[dict]) -> tuple[str | None, list[dict]
     return (rest.strip() or None), calls
 
 
-def split_tool_calls(text: str, tools: list[dict] | None, tokenizer) -> tuple[str | None, list[dict]]:
-    """The answer's text and its tool calls, in the style this model's template implies."""
+FORMATS = ("hermes", "llama3_json", "mistral", "pythonic")
+
+
+def tool_format(tokenizer, named: str = "") -> str:
+    """The format this model writes calls in: ``named`` (the model entry's ``tool_parser``),
+    else read from its chat template."""
+    if named:
+        return named
+    if not template_knows_tools(tokenizer):
+        return "pythonic"
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else json.dumps(template)
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3_json"
+    return "hermes"
+
+
+def split_tool_calls(text: str, tools: list[dict] | None, tokenizer, named: str = "") -> tuple[str | None, list[dict]]:
+    """The answer's text and its tool calls, in the format this model writes them."""
     if not tools:
         return text, []
-    return split_hermes(text) if template_knows_tools(tokenizer) else split_pythonic(text, tools)
+    fmt = tool_format(tokenizer, named)
+    if fmt == "pythonic":
+        return split_pythonic(text, tools)
+    return {"hermes": split_hermes, "llama3_json": split_llama3_json, "mistral": split_mistral}[fmt](text)
 
 
 def render_messages(tokenizer, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list | None]:

@@ -4,12 +4,13 @@
     none       the tools are still shown to the model, but nothing it writes is parsed as a
                call: the answer is text.
     required   the gateway writes the *opening* of a tool call after the generation prompt —
-               in the style the model's template implies (serving/tool_calls.py):
-               ``<tool_call>`` + newline for templates that render tools (Hermes, Qwen),
-               ``[`` for the pythonic style written for templates that know none — so the
-               model can only go on with a call.
-    a name     the opening includes the function's name (``{"name": "NAME", "arguments": `` /
-               ``[NAME(``): the model writes only the arguments.
+               in the format the model writes calls in (serving/tool_calls.py): hermes
+               ``<tool_call>`` + newline, llama3_json ``{"name": "``, mistral
+               ``[TOOL_CALLS][{"name": "``, pythonic ``[`` — so the model can only go on
+               with a call.
+    a name     the opening includes the function's name up to its arguments (e.g. hermes
+               ``<tool_call>\n{"name": "NAME", "arguments": ``, pythonic ``[NAME(``): the
+               model writes only the arguments.
 
 This constrains the call's opening, not its whole grammar: if what the model writes after
 it does not parse, the answer comes back as text with ``finish_reason`` "stop" — the broken
@@ -24,7 +25,14 @@ Accepted spellings: chat ``{"type": "function", "function": {"name": N}}``, Resp
 from __future__ import annotations
 
 from actorjet.serving.openai_api import ApiError
-from actorjet.serving.tool_calls import template_knows_tools
+from actorjet.serving.tool_calls import tool_format
+
+OPENINGS = {    # format → (opening for "required", opening for a named function)
+    "hermes": ("<tool_call>\n", '<tool_call>\n{{"name": "{name}", "arguments": '),
+    "llama3_json": ('{"name": "', '{{"name": "{name}", "parameters": '),
+    "mistral": ('[TOOL_CALLS][{"name": "', '[TOOL_CALLS][{{"name": "{name}", "arguments": '),
+    "pythonic": ("[", "[{name}("),
+}
 
 
 def parse_tool_choice(value, tools: list | None, param: str = "tool_choice") -> str | dict | None:
@@ -47,17 +55,15 @@ def parse_tool_choice(value, tools: list | None, param: str = "tool_choice") -> 
     raise ApiError(400, f"'{param}' must be \"auto\", \"none\", \"required\" or a function to call", param)
 
 
-def opening(tokenizer, choice) -> str:
+def opening(tokenizer, choice, named_format: str = "") -> str:
     """The text the gateway writes after the generation prompt for this choice ('' for none)."""
     if choice is None or choice == "none":
         return ""
-    name = choice["name"] if isinstance(choice, dict) else None
-    if template_knows_tools(tokenizer):
-        return "<tool_call>\n" + (f'{{"name": "{name}", "arguments": ' if name else "")
-    return f"[{name}(" if name else "["
+    required, named = OPENINGS[tool_format(tokenizer, named_format)]
+    return named.format(name=choice["name"]) if isinstance(choice, dict) else required
 
 
-def tool_choice_prefix(tokenizer, tools: list | None, choice) -> list[int]:
+def tool_choice_prefix(tokenizer, tools: list | None, choice, named_format: str = "") -> list[int]:
     """The opening's token ids (none when the model is free to answer as it likes)."""
-    text = opening(tokenizer, choice) if tools else ""
+    text = opening(tokenizer, choice, named_format) if tools else ""
     return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
