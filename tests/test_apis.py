@@ -6,26 +6,26 @@ import openai
 import pytest
 
 from actorjet import signing
-from actorjet.models import zoo
+from gateways import tiny_gateway
 from actorjet.rl.drift import repair_drift
 from actorjet.rl.pack import pack
-from actorjet.serving.gateway_app import GatewayApp, local_backend
-from actorjet.serving.serve import AppServer
-from actorjet.serving.transformers_engine import TransformersEngine
 
 SECRET = "apis-secret"
 TOOLS = [{"type": "function", "name": "add", "description": "add two numbers",
           "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}]
 
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
+CHAT_TURNS = [      # a tool call and its result, as chat completions sends them
+    {"role": "user", "content": "add 2 and 3"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+
 
 @pytest.fixture(scope="module")
 def served():
-    engine = TransformersEngine(zoo.tiny_arith(0))
-    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len, default_max_tokens=6)
-    server = AppServer(gw.app())
-    yield gw, server
-    server.stop()
-    engine.close()
+    with tiny_gateway(SECRET) as both:
+        yield both
 
 
 def oai(server, episode):
@@ -100,12 +100,7 @@ def test_responses_function_call_items_and_outputs_render_like_chat_tool_message
              {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a": 2, "b": 3}'},
              {"type": "function_call_output", "call_id": "call_1", "output": "5"}]
     oai(server, "resp5").responses.create(model="tiny", input=items, tools=TOOLS, max_output_tokens=3)
-    chat_tools = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
-    oai(server, "chat5").chat.completions.create(model="tiny", max_tokens=3, tools=chat_tools, messages=[
-        {"role": "user", "content": "add 2 and 3"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "5"}])
+    oai(server, "chat5").chat.completions.create(model="tiny", max_tokens=3, tools=CHAT_TOOLS, messages=CHAT_TURNS)
     (resp,), (chat,) = recorded(gw, "resp5"), recorded(gw, "chat5")
     assert resp["prompt_ids"] == chat["prompt_ids"] and resp["tools"] == chat["tools"]
 
@@ -169,12 +164,7 @@ def test_messages_tool_blocks_render_like_chat_and_errors_have_anthropics_shape(
         {"role": "user", "content": "add 2 and 3"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1", "name": "add", "input": {"a": 2, "b": 3}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "5"}]}])
-    chat_tools = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
-    oai(server, "chat3").chat.completions.create(model="tiny", max_tokens=3, tools=chat_tools, messages=[
-        {"role": "user", "content": "add 2 and 3"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "5"}])
+    oai(server, "chat3").chat.completions.create(model="tiny", max_tokens=3, tools=CHAT_TOOLS, messages=CHAT_TURNS)
     assert recorded(gw, "msg3")[0]["prompt_ids"] == recorded(gw, "chat3")[0]["prompt_ids"]
     with pytest.raises(anthropic.BadRequestError) as bad:
         claude(server, "msg4").messages.create(model="tiny", max_tokens=4, extra_body={"temperature": 1.5},

@@ -9,10 +9,7 @@ import os
 import pytest
 
 from actorjet import signing
-from actorjet.models import zoo
-from actorjet.serving.gateway_app import GatewayApp, local_backend
-from actorjet.serving.serve import AppServer
-from actorjet.serving.transformers_engine import TransformersEngine
+from gateways import tiny_gateway
 from swarm import REPO, wait_until
 
 for package in ("langgraph", "langchain_openai", "anthropic", "agentscope"):      # extra `frameworks` (CI installs it)
@@ -26,12 +23,8 @@ EXAMPLES = ("langgraph_react", "openai_agents_sdk", "anthropic_calculator", "age
 
 @pytest.fixture(scope="module")
 def served():
-    engine = TransformersEngine(zoo.tiny_arith(0))
-    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), SECRET, engine.max_len, default_max_tokens=6)
-    server = AppServer(gw.app())
-    yield gw, server
-    server.stop()
-    engine.close()
+    with tiny_gateway(SECRET) as both:
+        yield both
 
 
 def calls_of(gw, episode):

@@ -113,22 +113,16 @@ def to_messages(body: dict) -> list[dict]:
     return out
 
 
+def _tool(i: int, t) -> tuple[str, str | None, dict]:
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"] \
+            or not isinstance(t.get("input_schema"), dict):
+        raise ApiError(400, f"tools[{i}] needs a name and an input_schema object (client tools only)", f"tools[{i}]")
+    return t["name"], t.get("description"), t["input_schema"]
+
+
 def to_tools(tools) -> list | None:
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise ApiError(400, "'tools' must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"] \
-                or not isinstance(t.get("input_schema"), dict):
-            raise ApiError(400, f"tools[{i}] needs a name and an input_schema object (client tools only)",
-                           f"tools[{i}]")
-        fn = {"name": t["name"], "parameters": t["input_schema"]}
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
-    return api.parse_tools({"tools": out})
+    """Messages tools (``input_schema``) → chat tools."""
+    return api.as_chat_tools(tools, _tool)
 
 
 def tool_choice(value, tools):

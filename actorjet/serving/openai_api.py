@@ -180,6 +180,23 @@ def parse_tools(body: dict) -> list | None:
     return tools
 
 
+def as_chat_tools(tools, read_tool) -> list | None:
+    """Another API's tool list as chat tools: ``read_tool(i, tool)`` checks one and returns its
+    (name, description or None, JSON schema of its parameters)."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be a list", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        name, description, parameters = read_tool(i, tool)
+        fn = {"name": name, "parameters": parameters}
+        if isinstance(description, str):
+            fn["description"] = description
+        out.append({"type": "function", "function": fn})
+    return parse_tools({"tools": out})
+
+
 _ID_PREFIX = os.urandom(6).hex()    # unique per process; a counter makes each id unique within it
 _ID_COUNTER = itertools.count()
 

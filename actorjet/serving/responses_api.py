@@ -89,22 +89,16 @@ def to_messages(items, where: str = "input") -> list[dict]:
     return out
 
 
+def _tool(i: int, t) -> tuple[str, str | None, dict]:
+    if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str) or not t["name"]:
+        raise ApiError(400, f"tools[{i}]: only function tools {{type: 'function', name, parameters}} are "
+                            "supported here", f"tools[{i}]")
+    return t["name"], t.get("description"), t.get("parameters") or {"type": "object", "properties": {}}
+
+
 def to_tools(tools) -> list | None:
     """Responses function tools → chat tools."""
-    if tools is None or tools == []:
-        return None
-    if not isinstance(tools, list):
-        raise ApiError(400, "'tools' must be a list", "tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str) or not t["name"]:
-            raise ApiError(400, f"tools[{i}]: only function tools {{type: 'function', name, parameters}} are "
-                                "supported here", f"tools[{i}]")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
-        if isinstance(t.get("description"), str):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
-    return api.parse_tools({"tools": out})
+    return api.as_chat_tools(tools, _tool)
 
 
 def sampling(body: dict) -> api.Sampling:
