@@ -17,6 +17,7 @@ for package in ("langgraph", "langchain_openai", "anthropic", "agentscope"):    
 if not __import__("agents")._SDK:
     pytest.skip("pip install -e '.[frameworks]' for the framework tests (openai-agents)", allow_module_level=True)
 
+pytestmark = pytest.mark.slow      # the frameworks take ~15 s to import: not in the fast tier
 SECRET = "frameworks"
 EXAMPLES = ("langgraph_react", "openai_agents_sdk", "anthropic_calculator", "agentscope_react")
 
@@ -103,7 +104,6 @@ behavior = "agents.examples.{name}:behavior"
 """
 
 
-@pytest.mark.slow
 def test_every_example_agent_trains_on_a_real_head(swarm, tmp_path):
     """Each example is shipped to the runners as a behavior, runs its framework there, and its
     groups are stored and trained (on tiny-long, a random-weight character model: this is the
