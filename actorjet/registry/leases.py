@@ -290,5 +290,5 @@ def _cause(error: str) -> str:
                           ("runner restarted", "runner restarted"), ("worker died", "task worker died"),
                           ("store", "reward not stored"), ("client abort", "client abort")):
         if error.startswith(prefix):
-            return f"{cause}: {error}"
+            return error if error.startswith(cause) else f"{cause}: {error}"
     return f"behavior error: {error}"
