@@ -22,11 +22,12 @@ CALL_TIMEOUT_S = 600.0   # a call never answered fails the evaluation (the learn
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: int | None = None) -> float:
+def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: int | None = None,
+                    tool_parser: str = "") -> float:
     eval_tasks, messages, score = spec
     tasks = eval_tasks()[:limit] if limit else eval_tasks()
     if messages is None:
-        return episode_accuracy(model, tokenizer, tasks, score, max_tokens)
+        return episode_accuracy(model, tokenizer, tasks, score, max_tokens, tool_parser=tool_parser)
     was_training = model.training
     model.eval()
     engine = TransformersEngine(model=model, tokenizer=tokenizer, start_thread=False,
@@ -44,8 +45,10 @@ def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: i
     return correct / max(1, len(tasks))
 
 
-def episode_accuracy(model, tokenizer, tasks: list, eval_episode, max_tokens: int, threads: int = 64) -> float:
-    """Mean score of ``eval_episode(task, chat)`` over ``tasks``, played greedily."""
+def episode_accuracy(model, tokenizer, tasks: list, eval_episode, max_tokens: int, threads: int = 64,
+                     tool_parser: str = "") -> float:
+    """Mean score of ``eval_episode(task, chat)`` over ``tasks``, played greedily; tool calls
+    parsed as the gateway parses them (``tool_parser``: the model entry's, or the template's)."""
     was_training = model.training
     model.eval()
     engine = TransformersEngine(model=model, tokenizer=tokenizer, max_batch=threads,
@@ -56,7 +59,7 @@ def episode_accuracy(model, tokenizer, tasks: list, eval_episode, max_tokens: in
         ids = render_prompt(tokenizer, messages, tools)
         res = engine.submit(GenRequest(ids, max_tokens, 0.0)).result(timeout=CALL_TIMEOUT_S)[0]
         content, calls = tool_calls.split_tool_calls(
-            tokenizer.decode(res.completion_ids, skip_special_tokens=True), tools, tokenizer)
+            tokenizer.decode(res.completion_ids, skip_special_tokens=True), tools, tokenizer, tool_parser)
         return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
 
     try:
