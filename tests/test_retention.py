@@ -152,3 +152,20 @@ def test_sigkill_of_the_learner_and_the_gateway_during_retention_loses_nothing(t
     assert counts["trained"] == len(kept) >= 6
     archived = [json.loads(line)["group_id"] for line in open(run / "trajectories" / "policy.jsonl") if line.strip()]
     assert set(archived) <= set(kept)                    # only what the surviving weights trained
+
+
+def test_a_torn_archive_line_from_a_killed_retention_is_cut_before_the_next_append(tmp_path):
+    """SIGKILL while retention appends leaves half a line; its groups were not deleted (the
+    delete commits after the write) and are archived again, so the fragment must go: CI once
+    read '{"episode_id": "g1776.3", ...' glued to the next line."""
+    from actorjet.store.upkeep import append_lines
+
+    path = tmp_path / "trajectories" / "policy.jsonl"
+    append_lines(path, '{"a": 1}\n')
+    with open(path, "a") as f:
+        f.write('{"b": 2, "torn')                    # killed mid-write
+    append_lines(path, '{"b": 2}\n{"c": 3}\n')
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"a": 1}, {"b": 2}, {"c": 3}]
+    path.write_text('{"only": "torn')                 # a first line torn: nothing before it
+    append_lines(path, '{"d": 4}\n')
+    assert path.read_text() == '{"d": 4}\n'

@@ -47,11 +47,8 @@ def retain(store, step: int, archive: Path | None = None, keep_closed_s: float =
                         "behavior": behavior,
                         "version": version, "reward": json.loads(reward), "trained_step": trained,
                         "calls": [records_mod.portable(c) for c in calls]}))
-        if lines:
-            Path(archive).parent.mkdir(parents=True, exist_ok=True)
-            with open(archive, "a") as f:         # before the delete commits: at worst written twice
-                f.write("\n".join(lines) + "\n")
-                f.flush()
+        if lines:                                 # before the delete commits: at worst written twice
+            append_lines(Path(archive), "\n".join(lines) + "\n")
         marks = ",".join("?" * len(ids))
         db.execute(f"DELETE FROM calls WHERE episode_id IN (SELECT episode_id FROM episodes "
                    f"WHERE group_id IN ({marks}))", ids)
@@ -64,6 +61,30 @@ def retain(store, step: int, archive: Path | None = None, keep_closed_s: float =
         store.db.execute("PRAGMA incremental_vacuum").fetchall()
         store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()     # best effort: readers may hold it
     return {"groups": len(ids), "episodes": episodes}
+
+
+def append_lines(path: Path, text: str) -> None:
+    """Append whole lines to a JSONL file.  A process killed while appending leaves a torn last
+    line (its groups were not deleted: the delete commits after the write, so they are written
+    again next time); it is cut off first, so the file stays one JSON object per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        end = f.seek(0, 2)
+        if end:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":
+                start = end
+                while start > 0:                    # back to the last newline, a chunk at a time
+                    step = min(start, 1 << 20)
+                    f.seek(start - step)
+                    found = f.read(step).rfind(b"\n")
+                    if found >= 0:
+                        start = start - step + found + 1
+                        break
+                    start -= step
+                f.truncate(start)
+        f.write(text.encode())
+        f.flush()
 
 
 def forget_closed(store, keep_s: float) -> None:
