@@ -38,6 +38,7 @@ print(greedy_accuracy(model, tok, eval_spec("agents.arithmetic", "policy")))
 """
 
 
+@pytest.mark.slow           # 512 greedy evaluations, twice: ~15 s
 def test_held_out_accuracy_before_rl_does_not_depend_on_thread_count():
     """The figure docs/quickstart.md quotes (31.8% of 512 held-out sums), with 1 and 2 threads."""
     got = [float(subprocess.run([sys.executable, "-c", ACCURACY, str(n)], capture_output=True, text=True,
