@@ -230,6 +230,8 @@ def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_
     assert "was in flight when the controller stopped: it runs again" in text
     assert not any(psutil.pid_exists(p) and "actorjet.research.trial" in " ".join(psutil.Process(p).cmdline())
                    for p in orphans)                                     # ...until the resume stops them
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"processes of this study outlived it: {left}"        # (a trial's actor system once did)
     rows = trials(out)
     keys = [(a, b, c) for a, b, c, _, _, _ in rows]
     assert len(keys) == len(set(keys))                                   # each trial once in the registry

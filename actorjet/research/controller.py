@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from actorjet.monitor import metrics
-from actorjet.research import plan as planning
+from actorjet.research import processes, plan as planning
 from actorjet.research import stats
 from actorjet.research.study_db import StudyRegistry
 from actorjet.research.study_spec import apply, distributions, within
 
 POLL_S = 1.0
-STOP_GRACE_S = 30.0
 
 
 def score(evals: list, metric: dict, steps: int) -> float | None:
@@ -292,7 +289,7 @@ class Controller:
                 if ot is not None and evals[-1][0] > 0:
                     ot.report(evals[-1][1], evals[-1][0])
                     if ot.should_prune():
-                        _stop(proc)
+                        processes.stop(proc)
                         del self.running[tid], self.slot_of[tid]
                         self.reg.update(tid, state="pruned", finished=time.time(), metric=score(evals, self.study["metric"], self.steps))
                         self.optuna.tell(ot, state=optuna.trial.TrialState.PRUNED)
@@ -302,6 +299,7 @@ class Controller:
             code = proc.poll()
             if code is None:
                 continue
+            processes.kill_group(proc.pid)        # the trial ended: nothing of its head may outlive it
             del self.running[tid], self.slot_of[tid]
             value = score(evals, self.study["metric"], self.steps)
             if code == 0 and value is not None:
@@ -330,9 +328,16 @@ class Controller:
         registry: only processes this study started), and queue them again."""
         for t in self.reg.trials(state="running"):
             if t["pid"]:
-                _stop_pid(t["pid"])
+                processes.stop_pid(t["pid"])
             self.reg.update(t["id"], state="queued", pid=None, attempts=max(0, t["attempts"] - 1))
             self.say(f"trial {t['id']} was in flight when the controller stopped: it runs again")
+        self._stop_strays()
+
+    def _stop_strays(self) -> None:
+        """Trials of this study no registry row names (a controller killed between starting one
+        and writing its PID left one training on, its head beside it)."""
+        for pid in processes.strays(self.dir / "trials"):
+            processes.stop_pid(pid)
 
     # -- numbers ------------------------------------------------------------------------------------
     def _values(self, stage: str, arm: str) -> list[float]:
@@ -366,25 +371,3 @@ def _tail(run_dir: str, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()             # the trial stops its head cleanly on SIGTERM
-    try:
-        proc.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _stop_pid(pid: int) -> None:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if "actorjet.research.trial" not in " ".join(proc.cmdline()):
-            return                   # the PID was reused by something that is not ours
-        proc.terminate()
-        proc.wait(STOP_GRACE_S)
-    except psutil.TimeoutExpired:
-        os.killpg(pid, signal.SIGKILL)
-    except psutil.Error:
-        pass
