@@ -170,7 +170,7 @@ class Door(ManagedActor):
     async def _abandoned(self, request):
         """Read from the server's thread: the actor only adds and removes whole entries."""
         ids = check_lease_ids(await self._body(request))
-        found = {i: self.abandoned[i][0] for i in ids if i in self.abandoned}
+        found = {i: entry[0] for i in ids if (entry := self.abandoned.get(i))}   # (one lookup: the actor prunes)
         return web.json_response({"abandoned": found})
 
     async def _hello(self, request):

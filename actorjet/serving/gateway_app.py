@@ -183,7 +183,8 @@ class GatewayApp:
 
     def _text(self, result: GenResult, stop: list[str], forced: list[int] = ()) -> str:
         """The answer as text: with a forced tool-call opening (tool_choice), that opening too."""
-        text = self.tokenizer.decode(list(forced) + list(result.completion_ids), skip_special_tokens=True)
+        ids = list(forced) + list(result.completion_ids) if forced else result.completion_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
         cut = min((text.find(x) for x in stop if x in text), default=-1)
         return text[:cut] if cut >= 0 else text
 

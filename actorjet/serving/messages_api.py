@@ -185,8 +185,10 @@ class MessagesRoutes:
                 arguments = {}
             content.append({"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
                             "name": call["function"]["name"], "input": arguments if isinstance(arguments, dict) else {}})
-        said = self.gw.tokenizer.decode(answer.result.completion_ids, skip_special_tokens=True)
-        hit = min((x for x in stop if x in said), key=said.find, default=None)
+        hit = None
+        if stop and answer.finish_reason == "stop":     # which stop sequence ended it (decoded only then)
+            said = self.gw.tokenizer.decode(answer.result.completion_ids, skip_special_tokens=True)
+            hit = min((x for x in stop if x in said), key=said.find, default=None)
         reason = {"tool_calls": "tool_use", "length": "max_tokens"}.get(answer.finish_reason, "end_turn")
         if hit is not None and reason == "end_turn":
             reason = "stop_sequence"

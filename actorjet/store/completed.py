@@ -28,18 +28,21 @@ def news(store, limit: int = NEWS_LIMIT) -> list[dict]:
         db = store.db
         rows = db.execute("SELECT group_id, task_name, behavior, version FROM groups WHERE logged IS NULL "
                           "AND complete_at IS NOT NULL ORDER BY complete_at LIMIT ?", (limit,)).fetchall()
-        out = []
-        for group_id, task, behavior, version in rows:
-            rewards, seen = {}, set()
-            for episode_id, member, reward in db.execute(
-                    "SELECT episode_id, member, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL "
-                    "ORDER BY stored_at", (group_id,)):
-                if member not in seen:       # one episode per member, as the learner takes them
-                    seen.add(member)
-                    rewards[episode_id] = json.loads(reward)
-            out.append({"group_id": group_id, "task_name": task, "behavior": behavior, "version": version,
-                        "rewards": rewards})
-    return out
+        return [{"group_id": group_id, "task_name": task, "behavior": behavior, "version": version,
+                 "rewards": group_rewards(db, group_id)} for group_id, task, behavior, version in rows]
+
+
+def group_rewards(db, group_id: str) -> dict:
+    """episode id → reward, one episode per member (a late twin is left out), oldest first:
+    what the learner takes (EpisodeStore.take) and what the head is told."""
+    rewards, seen = {}, set()
+    for episode_id, member, reward in db.execute(
+            "SELECT episode_id, member, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL "
+            "ORDER BY stored_at", (group_id,)):
+        if member not in seen:
+            seen.add(member)
+            rewards[episode_id] = json.loads(reward)
+    return rewards
 
 
 def told(store, group_ids: list[str]) -> None:

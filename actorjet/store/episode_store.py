@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from actorjet.store import records as records_mod
+from actorjet.store.completed import group_rewards
 
 COLUMNS = records_mod.ROW_COLUMNS
 
@@ -135,9 +136,9 @@ class EpisodeStore:
             from actorjet.store import upkeep
             upkeep.migrate(self)
         groups = [r[1] for r in self.db.execute("PRAGMA table_info(groups)")]
-        if groups and "logged" not in groups:      # a store from before the stores judged groups
+        if groups and "logged" not in groups:      # from before the stores judged groups: all told
             self.db.execute("ALTER TABLE groups ADD COLUMN logged REAL")
-            self.db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")   # told already
+            self.db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")
         closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
         if closed and "cause" not in closed:
             self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
@@ -319,13 +320,7 @@ class EpisodeStore:
     def _group(self, db, group_id: str) -> dict:
         task, behavior, version = db.execute("SELECT task_name, behavior, version FROM groups WHERE group_id = ?",
                                              (group_id,)).fetchone()
-        rewards, seen = {}, set()
-        for episode_id, member, reward in db.execute(
-                "SELECT episode_id, member, reward FROM episodes WHERE group_id = ? AND reward IS NOT NULL "
-                "ORDER BY stored_at", (group_id,)):
-            if member not in seen:          # one episode per member (a late twin is left out)
-                seen.add(member)
-                rewards[episode_id] = json.loads(reward)
+        rewards = group_rewards(db, group_id)
         calls = {}
         for e in rewards:
             try:
