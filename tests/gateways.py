@@ -8,10 +8,10 @@ from actorjet.serving.transformers_engine import TransformersEngine
 
 
 @contextlib.contextmanager
-def tiny_gateway(secret: str, default_max_tokens: int = 6):
-    """tiny-arith behind a gateway named "tiny" on a free port: (GatewayApp, AppServer)."""
-    engine = TransformersEngine(zoo.tiny_arith(0))
-    gw = GatewayApp("tiny", engine.tokenizer, local_backend(engine), secret, engine.max_len,
+def tiny_gateway(secret: str, default_max_tokens: int = 6, source: str = "tiny-arith", name: str = "tiny"):
+    """A zoo model (tiny-arith unless told) behind a gateway on a free port: (GatewayApp, AppServer)."""
+    engine = TransformersEngine(zoo.resolve(source))
+    gw = GatewayApp(name, engine.tokenizer, local_backend(engine), secret, engine.max_len,
                     default_max_tokens=default_max_tokens)
     server = AppServer(gw.app())
     try:

@@ -157,18 +157,30 @@ def test_each_format_parses_parallel_calls_in_openai_shape():
     assert split_mistral("[TOOL_CALLS] not json") == ("[TOOL_CALLS] not json", [])
 
 
-@pytest.mark.parametrize("fmt, choice, opening", [
-    ("hermes", "required", "<tool_call>\n"),
-    ("hermes", {"name": "add"}, '<tool_call>\n{"name": "add", "arguments": '),
-    ("llama3_json", {"name": "add"}, '{"name": "add", "parameters": '),
-    ("mistral", "required", '[TOOL_CALLS][{"name": "'),
-    ("pythonic", {"name": "add"}, "[add("),
-    ("pythonic", "none", ""),
+NUMBERS = [{"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["b", "a"]}}}]
+TEXT = [{"type": "function", "function": {"name": "calc", "parameters": {
+    "type": "object", "properties": {"expression": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize("fmt, choice, tools, opening", [
+    ("hermes", "required", NUMBERS, "<tool_call>\n"),
+    ("hermes", {"name": "add"}, NUMBERS, '<tool_call>\n{"name": "add", "arguments": {"b": '),
+    ("hermes", {"name": "calc"}, TEXT, '<tool_call>\n{"name": "calc", "arguments": {"expression": "'),
+    ("llama3_json", {"name": "add"}, NUMBERS, '{"name": "add", "parameters": {"b": '),
+    ("mistral", "required", NUMBERS, '[TOOL_CALLS][{"name": "'),
+    ("mistral", {"name": "calc"}, TEXT, '[TOOL_CALLS][{"name": "calc", "arguments": {"expression": "'),
+    ("pythonic", {"name": "add"}, NUMBERS, "[add(b="),
+    ("pythonic", {"name": "calc"}, TEXT, '[calc(expression="'),
+    ("pythonic", {"name": "now"}, TEXT, "[now("),          # no arguments: the model closes the call
+    ("pythonic", "none", TEXT, ""),
 ])
-def test_tool_choice_writes_the_opening_of_a_call_in_the_models_format(fmt, choice, opening):
+def test_tool_choice_writes_the_opening_of_a_call_in_the_models_format(fmt, choice, tools, opening):
+    """Up to the first argument's value (the first required one, else the first property)."""
     from actorjet.serving.tool_choice import opening as write
 
-    assert write(_Template("{{ tools }}"), choice, fmt) == opening
+    assert write(_Template("{{ tools }}"), choice, fmt, tools) == opening
 
 
 def test_the_model_entry_names_a_tool_parser_or_gets_a_clear_error():
@@ -178,3 +190,14 @@ def test_the_model_entry_names_a_tool_parser_or_gets_a_clear_error():
     assert normalize({"models": [{"tool_parser": "llama3_json"}]})["models"][0]["tool_parser"] == "llama3_json"
     with pytest.raises(UserError, match="tool_parser must be hermes, llama3_json, mistral or pythonic"):
         normalize({"models": [{"tool_parser": "xml"}]})
+
+
+def test_a_named_call_ends_where_its_format_closes_a_call():
+    """The closing is a stop string of that generation only (serving/tool_choice.py says why)."""
+    from actorjet.serving.tool_choice import closing
+
+    template = _Template("{{ tools }}")
+    assert closing(template, {"name": "add"}, "pythonic") == [")]"]
+    assert closing(template, {"name": "add"}, "hermes") == ["</tool_call>"]
+    assert closing(template, {"name": "add"}, "llama3_json") == []      # braces may nest: no string ends it
+    assert closing(template, "required", "pythonic") == [] and closing(template, None, "hermes") == []

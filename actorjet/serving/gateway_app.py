@@ -23,7 +23,7 @@ import json
 from array import array
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 from aiohttp import web
@@ -38,7 +38,7 @@ from actorjet.store.episode_store import EpisodeStore
 from actorjet.store.records import CallRecord
 from actorjet.serving.render import Renderer
 from actorjet.serving.responses_api import ResponsesRoutes
-from actorjet.serving.tool_choice import parse_tool_choice, tool_choice_prefix
+from actorjet.serving.tool_choice import closing, parse_tool_choice, tool_choice_prefix
 from actorjet.signing import bearer_ok
 
 Backend = Callable[[GenRequest], Awaitable[list[GenResult]]]
@@ -240,8 +240,10 @@ class GatewayApp:
         if forced:
             prompt_ids = prompt_ids + array("i", forced)
         max_tokens = self._budget(prompt_ids, s)
-        results = await self._generate(prompt_ids, s, max_tokens, episode_id, f"{episode_id}/{role}")
-        await self._record(episode_id, role, prompt_ids, results, s, messages, tools)
+        ends = closing(self.tokenizer, tool_choice, self.tool_parser) if forced else []
+        sampled = replace(s, stop=s.stop + ends) if ends else s    # the request's own stops cut the text
+        results = await self._generate(prompt_ids, sampled, max_tokens, episode_id, f"{episode_id}/{role}")
+        await self._record(episode_id, role, prompt_ids, results, sampled, messages, tools)
         answers = []
         for r in results:
             content, calls = self._text(r, s.stop, forced), []
