@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 from actorjet.errors import UserError
@@ -93,7 +94,6 @@ def tiny_arith(seed: int = 0, progress=None, steps: int = 300, rebuild: bool = F
     if (out / "done.json").exists() and not rebuild:
         return out
     if rebuild:
-        import shutil
         shutil.rmtree(out, ignore_errors=True)
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -157,12 +157,20 @@ def check_rebuild(seed: int = 0, progress=None) -> tuple[Path, dict]:
 
 
 def _publish(model, tok, out: Path, meta: dict) -> Path:
-    """Save into a temporary folder, then rename: a half-built model is never picked up."""
-    tmp = out.with_name(out.name + ".tmp")
+    """Save into a temporary folder, then rename: a half-built model is never picked up.  Two
+    processes may build the same model at once (two heads, parallel tests): each saves into
+    its own folder and the first rename wins; the other's copy is removed."""
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     (tmp / "done.json").write_text(json.dumps(meta))
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:
+        if not (out / "done.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
