@@ -40,6 +40,8 @@ MODEL_DEFAULTS = {
     "base": "",     # another model's name: be an adapter on that model's engine (both use lora)
     "prefix_cache_mb": 1024.0,   # transformers engine: KV caches kept between a conversation's calls (0: none)
     "tool_parser": "",   # hermes | llama3_json | mistral | pythonic ('': read from the chat template)
+    "engines": 1,        # engine replicas; the gateway spreads calls over them (serving/engine_client.py)
+    "engine_placement": [],   # one placement table per replica ({ node = N } / { gpus = 1 }); [] = the tree's
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -109,6 +111,13 @@ def normalize(data: dict, where: str = "job") -> dict:
         if m["tool_parser"] not in ("", "hermes", "llama3_json", "mistral", "pythonic"):
             raise UserError(f"{where}: model {m['name']!r}: tool_parser must be hermes, llama3_json, mistral or "
                             "pythonic (or absent: read from the chat template)")
+        if not 1 <= m["engines"] <= 64:
+            raise UserError(f"{where}: model {m['name']!r}: engines must be from 1 to 64, got {m['engines']!r}")
+        places = m["engine_placement"]
+        if places and (len(places) != m["engines"] or not all(
+                isinstance(p, dict) and set(p) <= {"node", "gpus", "cpus"} for p in places)):
+            raise UserError(f"{where}: model {m['name']!r}: engine_placement must list one placement table per "
+                            f"engine replica ({m['engines']}), each with node, gpus or cpus")
         if m["prefix_cache_mb"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: prefix_cache_mb must be >= 0 (0: keep none)")
     _check_bases(job["models"], where)

@@ -194,7 +194,7 @@ def test_engine_client_sends_concurrent_requests_together_and_never_leaves_one_w
     from actorjet.serving.batching_engine import GenRequest
     from actorjet.actors.engine import engine_app
     from actorjet.serving.gateway_app import EngineUnavailable
-    from actorjet.actors.gateway import HttpEngineBackend
+    from actorjet.serving.engine_client import HttpEngineBackend
 
     engine = TransformersEngine(zoo.tiny_arith(0), seed=0)
     app = engine_app(engine)

@@ -22,7 +22,7 @@ from actorjet.serving.batching_engine import RequestFailed
 from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 from actorjet.actors.engine import engine_app
 from actorjet.serving.gateway_app import GatewayApp, local_backend
-from actorjet.actors.gateway import HttpEngineBackend
+from actorjet.serving.engine_client import HttpEngineBackend
 from actorjet.serving.openai_api import ApiError
 from actorjet.store.episode_store import EpisodeStore
 from actorjet.store.records import CallRecord, Tails, encode

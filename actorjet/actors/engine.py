@@ -75,7 +75,7 @@ def all_done(futures: list) -> asyncio.Future:
 
 
 def read_request(body: dict) -> GenRequest:
-    """actors/gateway.py's wire_request undone: the prompt comes as base64 of int32."""
+    """serving/engine_client.py's wire_request undone: the prompt comes as base64 of int32."""
     ids = body.pop("prompt_ids")
     if isinstance(ids, str):
         raw = base64.b64decode(ids, validate=True)
@@ -134,7 +134,10 @@ class Engine(ManagedActor):
                                          self.context["token"], endpoints.bind_host())
         guarded.start(self.receiver.serve_forever, f"weights-receiver.{self.model}", crash_process=True)
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
-        self.announce(self.model, {"engine": self.server.url, "weights": endpoints.url(self.receiver.port)})
+        replica = int(self.args.get("replica", 0))      # engines = N: replica K announces engine.K (K > 0)
+        self.kind = "engine" + (f".{replica}" if replica else "")
+        self.announce(self.model, {self.kind: self.server.url,
+                                   self.kind.replace("engine", "weights"): endpoints.url(self.receiver.port)})
 
     def receiveMsg_Crash(self, msg: m.Crash, sender):
         if msg.thread:
@@ -145,7 +148,7 @@ class Engine(ManagedActor):
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         """Progress for the registry's watchdog: batches done, requests waiting."""
         if self.registry is not None:
-            self.send(self.registry, proto.Progress(self.model, "engine", self.engine.batches, self.engine.waiting()))
+            self.send(self.registry, proto.Progress(self.model, self.kind, self.engine.batches, self.engine.waiting()))
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
 
     def receiveMsg_Stall(self, msg: proto.Stall, sender):

@@ -3,6 +3,9 @@
 It opens the model's episode store on this node (store/episode_store.py): the gateway
 writes every call and every finished episode's reward there; the learner reads it.
 
+Calls go to the model's engine replicas through serving/engine_client.py (an episode sticks
+to one replica; a failed replica is marked out and its calls sent again elsewhere).
+
 The HTTP server lives in a thread; control-plane traffic (client-mode episode events to
 the registry, the engine's address from the registry's directory) goes through this
 actor's thespian mailbox.  Events are handed from the HTTP thread through a queue that a
@@ -10,23 +13,17 @@ short wakeup loop drains.
 """
 from __future__ import annotations
 
-import asyncio
-import base64
 import time
-from array import array
 from datetime import timedelta
 
-import aiohttp
 from thespian.actors import WakeupMessage
 
 from actorjet.config import engine_of
 from actorjet.models.prepare import model_config_here
 from actorjet.runtime import endpoints
 from actorjet.store import completed, episode_store
-from actorjet.serving.batching_engine import GenRequest, GenResult
+from actorjet.serving.engine_client import ReplicaRouter, replica_services
 from actorjet.serving.gateway_app import GatewayApp
-from actorjet.serving.openai_api import EngineUnavailable
-from actorjet.serving.openai_api import ApiError
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
@@ -37,74 +34,6 @@ FLUSH_S = 0.05
 PROGRESS_S = 1.0
 
 
-def wire_request(req: GenRequest) -> dict:
-    """A request as JSON, its prompt as base64 of int32 (a 32k-token prompt as a JSON list of
-    numbers took ~2 ms to write and more to read, on every call of a long episode)."""
-    body = dict(req.__dict__)
-    ids = body["prompt_ids"]
-    body["prompt_ids"] = base64.b64encode((ids if isinstance(ids, array) else array("i", ids)).tobytes()).decode()
-    return body
-
-
-class HttpEngineBackend:
-    """Calls the engine actor's /generate; no engine → EngineUnavailable (a 503).
-
-    Requests that arrive in one turn of the event loop travel in one HTTP call: under
-    load that is tens of LLM calls per round trip, which is most of the gateway's and the
-    engine's CPU otherwise."""
-
-    def __init__(self, token: str | None = None):
-        self.url: str | None = None
-        self.token = token
-        self.session: aiohttp.ClientSession | None = None
-        self._pending: list[tuple[GenRequest, asyncio.Future]] = []
-
-    async def __call__(self, req: GenRequest) -> list[GenResult]:
-        if self.url is None:
-            raise EngineUnavailable("no engine registered yet")
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((req, future))
-        if len(self._pending) == 1:
-            loop.call_soon(lambda: loop.create_task(self._send()))
-        return await future
-
-    async def _send(self) -> None:
-        batch, self._pending = self._pending, []
-        try:
-            answers = await self._post([wire_request(req) for req, _ in batch])
-        except EngineUnavailable as e:
-            answers = [e] * len(batch)
-        except Exception as e:  # noqa: BLE001 - every waiting request must get an answer
-            answers = [EngineUnavailable(f"{type(e).__name__}: {e}")] * len(batch)
-        for (_, future), answer in zip(batch, answers):
-            if future.done():
-                continue
-            if isinstance(answer, Exception):
-                future.set_exception(answer)
-            elif "error" in answer and answer.get("request_error"):
-                future.set_exception(ApiError(400, f"the engine could not serve this request: {answer['error']}",
-                                              code="invalid_request"))
-            elif "error" in answer:
-                future.set_exception(EngineUnavailable(f"the engine failed: {answer['error']}"))
-            else:
-                future.set_result([GenResult(**r) for r in answer["results"]])
-
-    async def _post(self, requests: list[dict]) -> list:
-        if self.url is None:
-            raise EngineUnavailable("no engine registered yet")
-        if self.session is None:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
-        try:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            async with self.session.post(self.url + "/generate", json={"requests": requests}, headers=headers) as resp:
-                if resp.status != 200:
-                    raise EngineUnavailable(f"engine answered {resp.status}")
-                return (await resp.json())["answers"]
-        except (aiohttp.ClientConnectionError, aiohttp.ServerDisconnectedError) as e:
-            raise EngineUnavailable(str(e)) from None
-
-
 class Gateway(ManagedActor):
     def on_init(self) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -113,7 +42,7 @@ class Gateway(ManagedActor):
         self.model = self.args["model"]
         cfg = model_config_here(job, self.model)
         tokenizer = AutoTokenizer.from_pretrained(cfg["path"])
-        self.backend = HttpEngineBackend(self.context["token"])
+        self.backend = ReplicaRouter(self.context["token"])     # the model's engine replicas
         self.events = Inbox()                      # client-mode episode events from the HTTP thread
         self.base_urls: dict[str, str] = {}
         self.trainable_urls: dict[str, str] = {}
@@ -136,8 +65,8 @@ class Gateway(ManagedActor):
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
-        engine = msg.services.get(self.engine_of, {}).get("engine")
-        self.backend.url = engine["url"] if engine else None
+        self.backend.set_replicas({name: engine["url"] for name, (engine, _) in
+                                   replica_services(msg.services.get(self.engine_of, {})).items()})
         self.base_urls = {name: s["gateway"]["url"] for name, s in msg.services.items() if "gateway" in s}
         self.trainable_urls = {k: v for k, v in self.base_urls.items() if k in self.trainable}
 
@@ -154,6 +83,7 @@ class Gateway(ManagedActor):
             # engine's stall, not the gateway's, so completions would be the wrong measure.
             self.reported = time.monotonic()
             self.send(self.registry, proto.Progress(self.model, "gateway", self.server.beats, 1))
+            self.send(self.registry, proto.EngineReplicas(self.model, self.backend.replica_stats()))
             active, self.app.active = self.app.active, set()      # (a call in the swap is seen next time)
             active |= set(list(self.app.calling))                   # waiting on the engine is not idle
             if active:

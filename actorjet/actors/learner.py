@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import torch
 
 from actorjet.config import engine_of
+from actorjet.serving.engine_client import replica_services
 from actorjet.models.prepare import model_config_here
 from actorjet.models.evaluate import greedy_accuracy
 from actorjet.models.heldout import eval_spec
@@ -81,7 +82,7 @@ class Learner(ManagedActor):
         self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
-        self.engine = self.weights_url = None
+        self.engines: dict[str, tuple] = {}      # replica → (engine address, weights receiver URL or None)
         self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
         self._resume()
@@ -130,27 +131,32 @@ class Learner(ManagedActor):
         (self.weights_dir / f"v{self.version - 3:06d}.safetensors").unlink(missing_ok=True)   # not recycled
         return path
 
-    def _deliver(self, path: Path) -> float | None:
-        """Tell the engine about version ``self.version``.  An engine on another node cannot
-        read this node's files: the file is pushed to it first (serving/weights.py), and the
-        seconds that took are returned.  A push that fails is logged; the engine keeps
-        serving what it has, and the next version tries again."""
-        if self.engine is None:
-            return None
-        target, seconds = str(path), None
-        if self.weights_url and urlsplit(self.weights_url).hostname != endpoints.advertise_host():
-            t0 = time.perf_counter()
-            try:
-                target = weights.push(path, self.weights_url, self.context["token"], self.adapter or self.model_name)
-            except (OSError, ValueError, KeyError) as e:
-                log.warning("%s: weights v%d could not be pushed to the engine at %s: %s",
-                            self.model_name, self.version, self.weights_url, e)
-                return None
-            seconds = time.perf_counter() - t0
-            log.info("%s: pushed v%d (%.1f MB) to the engine at %s in %.3f s", self.model_name, self.version,
-                     path.stat().st_size / 1e6, self.weights_url, seconds)
-        self.send(self.engine, proto.LoadWeights(self.version, target, self.adapter))
-        return seconds
+    def _deliver(self, path: Path, replicas: list[str] | None = None) -> float | None:
+        """Tell every engine replica (or those named) about version ``self.version``.  An
+        engine on another node cannot read this node's files: the file is pushed to it first
+        (serving/weights.py), and the seconds the pushes took are returned (None: nothing
+        pushed).  A push that fails is logged; that replica keeps serving what it has, and the
+        next version tries again."""
+        total = None
+        for name in replicas if replicas is not None else list(self.engines):
+            if name not in self.engines:
+                continue
+            address, weights_url = self.engines[name]
+            target = str(path)
+            if weights_url and urlsplit(weights_url).hostname != endpoints.advertise_host():
+                t0 = time.perf_counter()
+                try:
+                    target = weights.push(path, weights_url, self.context["token"], self.adapter or self.model_name)
+                except (OSError, ValueError, KeyError) as e:
+                    log.warning("%s: weights v%d could not be pushed to %s at %s: %s",
+                                self.model_name, self.version, name, weights_url, e)
+                    continue
+                seconds = time.perf_counter() - t0
+                total = (total or 0.0) + seconds
+                log.info("%s: pushed v%d (%.1f MB) to %s at %s in %.3f s", self.model_name, self.version,
+                         path.stat().st_size / 1e6, name, weights_url, seconds)
+            self.send(address, proto.LoadWeights(self.version, target, self.adapter))
+        return total
 
     def _load_kwargs(self) -> dict:
         """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
@@ -189,14 +195,14 @@ class Learner(ManagedActor):
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.batching.weights = {t: v["weight"] for t, v in msg.tasks.items() if v.get("state") == "active"}
         self.directory.set()
-        engine = msg.services.get(self.engine_of, {}).get("engine")
-        address = engine["address"] if engine else None
-        new = address is not None and address != self.engine
-        pushed_to = msg.services.get(self.engine_of, {}).get("weights")
-        self.engine, self.weights_url = address, pushed_to["url"] if pushed_to else None
+        before, self.engines = self.engines, {
+            name: (engine["address"], receiver["url"] if receiver else None)
+            for name, (engine, receiver) in replica_services(msg.services.get(self.engine_of, {})).items()
+            if engine.get("address") is not None}
+        new = [name for name, (address, _) in self.engines.items() if before.get(name, (None,))[0] != address]
         if new and self.version > 0:
-            # a new (or restarted) engine: make sure it serves what this learner holds
-            self._deliver(self.weights_dir / f"v{self.version:06d}.safetensors")
+            # a new (or restarted) replica: make sure it serves what this learner holds
+            self._deliver(self.weights_dir / f"v{self.version:06d}.safetensors", new)
 
     # -- the pull ----------------------------------------------------------------------------
     def _prefetch(self) -> None:

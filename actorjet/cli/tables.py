@@ -34,10 +34,12 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
         console.print(actors)
     if data.get("models"):
         models = Table(title="models")
-        for col in ("name", "weight_version", "learner_step"):
+        for col in ("name", "weight_version", "learner_step", "engine replicas (served / outstanding)"):
             models.add_column(col)
         for mdl in data["models"]:
-            models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]))
+            replicas = ", ".join(f"{name}: {r['served']} / {r['outstanding']}" + (" [red]out[/red]" if r["out"] else "")
+                                 for name, r in (mdl.get("engine_replicas") or {}).items())
+            models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]), replicas or "-")
         console.print(models)
     if data.get("behaviors"):
         table = Table(title="behaviors (runners per version)")

@@ -88,6 +88,7 @@ class EpisodeDesk:
         self.recent: dict[str, deque] = {}                         # model → its last train lines
         self.accuracy: dict[str, dict[str, float]] = {}            # model → task → last held-out accuracy
         self.services: dict[str, dict] = {}
+        self.replicas: dict[str, dict] = {}      # model → its gateway's view of its engine replicas
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
         self.tb = tensorboard_events.EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
@@ -107,6 +108,7 @@ class EpisodeDesk:
             m.ServiceUp: self.on_ServiceUp, proto.TaskCommand: self.on_TaskCommand,
             proto.LeaseRequest: self.on_LeaseRequest, proto.GroupResult: self.on_GroupResult,
             m.RunnerDown: self.on_RunnerDown, proto.StoreCounts: self.on_StoreCounts, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
+            proto.EngineReplicas: self.on_EngineReplicas,
             proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.Quarantined: self.on_Quarantined, proto.ClientEvent: self.on_ClientEvent,
             proto.EpisodeActivity: self.on_EpisodeActivity, proto.StoreNews: self.on_StoreNews,
@@ -273,6 +275,11 @@ class EpisodeDesk:
             self.store_counts[str(msg.model)] = dict(msg.counts)
         return []
 
+    def on_EngineReplicas(self, msg: proto.EngineReplicas, sender) -> Out:
+        if isinstance(msg.replicas, dict):
+            self.replicas[str(msg.model)] = msg.replicas
+        return []
+
     def on_Progress(self, msg: proto.Progress, sender) -> Out:
         self.watchdog.progress(f"{msg.model}/{msg.kind}", msg.count, msg.waiting, sender, time.time())
         return []
@@ -386,7 +393,8 @@ class EpisodeDesk:
     def status(self) -> dict:
         return {**self.status_counts(),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
-                            "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, []))}
+                            "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, [])),
+                            "engine_replicas": self.replicas.get(k, {})}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
                 "training_finished": self.finished, "watchdog": self.watchdog_line(),

@@ -106,6 +106,14 @@ class Progress:
 
 
 @dataclass
+class EngineReplicas:
+    """Gateway → registry, every second: how it spreads calls over its engine replicas
+    (per replica: url, out, outstanding, served, failed; serving/engine_client.py), for status."""
+    model: str
+    replicas: dict
+
+
+@dataclass
 class Stall:
     """Test hook: an engine's batcher thread, or a gateway's server loop, sleeps ``seconds``
     (a child that hangs while its process answers)."""

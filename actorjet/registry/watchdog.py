@@ -21,6 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 UPSTREAM = {"learner": ("engine", "gateway")}     # kind → the kinds of the same model it waits on
+# (an engine replica reports as "engine.K": any stalled replica counts as its model's engine)
+
+
+def _kind_of(who: str, model: str) -> str | None:
+    """"policy/engine.1" → "engine" for model "policy" (None for another model's child)."""
+    owner, _, kind = who.rpartition("/")
+    return kind.split(".")[0] if owner == model else None
 
 
 @dataclass
@@ -61,7 +68,7 @@ class Watchdog:
         for who in order:
             s = self.seen[who]
             model, _, kind = who.rpartition("/")
-            if any(f"{model}/{up}" in self.stalled for up in UPSTREAM.get(kind, ())):
+            if any(_kind_of(w, model) in UPSTREAM.get(kind, ()) for w in self.stalled):
                 s.since = now                  # starved by a stalled engine or gateway: not its fault
                 continue
             quiet = now - s.since

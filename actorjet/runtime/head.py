@@ -13,6 +13,7 @@ import secrets
 import socket
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -63,6 +64,27 @@ def refuse_engines_of_adapters(tree: ChildSpec, job: dict) -> None:
     walk(tree, None)
 
 
+def with_engine_replicas(tree: ChildSpec, job: dict) -> ChildSpec:
+    """``engines = N`` in a model's entry: its subtree's engine child becomes N children,
+    ``engine`` (replica 0) and ``engine.1`` … ``engine.N-1``, each announcing its own service
+    (actors/engine.py) and placed by ``engine_placement`` when given."""
+    by_name = {mc["name"]: mc for mc in job.get("models", [])}
+
+    def walk(spec: ChildSpec, model: str | None) -> ChildSpec:
+        model = spec.args.get("model", model)
+        children = []
+        for child in spec.children:
+            entry = by_name.get(child.args.get("model", model), {})
+            if child.kind != "engine" or (entry.get("engines", 1) == 1 and not entry.get("engine_placement")):
+                children.append(walk(child, model))
+                continue
+            places = entry.get("engine_placement") or [child.placement] * entry["engines"]
+            children += [replace(child, id=child.id if k == 0 else f"{child.id}.{k}", args={**child.args, "replica": k},
+                                 placement=dict(places[k])) for k in range(entry["engines"])]
+        return replace(spec, children=children)
+    return walk(tree, None)
+
+
 def read_head_file(run_dir: Path) -> dict:
     path = run_dir / "head.json"
     try:
@@ -98,6 +120,7 @@ class Head:
     def start(self, timeout_s: float = 60.0) -> None:
         refuse_cuda_before_fork(self.job)
         refuse_engines_of_adapters(self.tree, self.job)
+        self.tree = with_engine_replicas(self.tree, self.job)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = read_head_file(self.run_dir)
         self._clean_stale(state)
