@@ -69,6 +69,13 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
     return {k: v.to(device) for k, v in out.items()}
 
 
+def _sharded(model) -> bool:
+    """FSDP2 gathers a unit's parameters in its own forward: a sharded model must be called
+    whole (its trunk and head called apart would meet sharded embeddings, rl/ranks.py)."""
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+
 def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """logπ of every term's token given its ancestors, at its sampling temperature."""
     mask = batch["attention_mask"]
@@ -77,7 +84,7 @@ def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
     head = model.get_output_embeddings()
     plain_head = (head is not None and hasattr(model, "model") and not getattr(model.config, "logit_scale", None)
-                  and not getattr(model.config, "final_logit_softcapping", None))
+                  and not getattr(model.config, "final_logit_softcapping", None) and not _sharded(model))
     if plain_head:
         # Only the rows that predict a sampled token go through the LM head: with a large
         # vocabulary (49k for SmolLM2's tokenizer) the full logits tensor is most of the step.
@@ -137,8 +144,11 @@ class BadBatch(ValueError):
     """A batch the learner cannot train on; the step is skipped and its groups quarantined."""
 
 
-def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: int, ref_model=None) -> dict:
-    """One optimizer step over all samples (each a packed sample dict)."""
+def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: int, ref_model=None,
+              ranks=None) -> dict:
+    """One optimizer step over all samples (each a packed sample dict).  ``ranks`` (a
+    rl/ranks.py RankGroup, the model sharded with ``ranks.shard``): every rank gets all
+    samples and trains its share; the step is the one a single rank would take."""
     model.train()
     n_terms = float(sum(len(s["terms"]) for s in samples))
     if n_terms == 0:
@@ -146,19 +156,28 @@ def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: in
     optimizer.zero_grad(set_to_none=True)
     total, totals, seq_tokens = 0.0, {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0}, 0
     device = next(model.parameters()).device
-    for chunk in micro_batches(samples, cfg.micro_batch_tokens):
+    chunks = micro_batches(samples, cfg.micro_batch_tokens)
+    if ranks is not None:       # this rank's share, padded with empty passes to the busiest rank's count
+        from actorjet.rl.ranks import EMPTY, shares
+        counts = [len(micro_batches(share, cfg.micro_batch_tokens)) for share in shares(samples, ranks.world)]
+        chunks = micro_batches(ranks.share(samples), cfg.micro_batch_tokens)
+        chunks += [[EMPTY]] * (max(counts) - len(chunks))
+    for chunk in chunks:
         batch = collate(chunk, pad_id, device)
-        seq_tokens += sum(len(s["input_ids"]) for s in chunk)
+        seq_tokens += sum(len(s["input_ids"]) for s in chunk if s["terms"])
         loss, info = grpo_loss(model, batch, cfg, n_terms, ref_model)
-        loss.backward()
+        (loss * ranks.world if ranks is not None else loss).backward()    # FSDP2 averages over ranks
         total += float(loss.detach())
         for k in totals:
             totals[k] += info[k]
+    if ranks is not None:
+        total, seq_tokens, *sums = ranks.all_sum([total, seq_tokens, *totals.values()])
+        totals = dict(zip(totals, sums))
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     if not (math.isfinite(total) and math.isfinite(float(grad_norm))):
         optimizer.zero_grad(set_to_none=True)      # never let one bad batch turn the weights into NaN
         raise BadBatch(f"non-finite loss ({total}) or gradient norm ({float(grad_norm)}); weights unchanged")
     optimizer.step()
-    return {"loss": total, "tokens": int(n_terms), "sequence_tokens": seq_tokens, "sequences": len(samples),
+    return {"loss": total, "tokens": int(n_terms), "sequence_tokens": int(seq_tokens), "sequences": len(samples),
             "grad_norm": float(grad_norm), "clip_frac": totals["clipped"] / n_terms,
             "kl": totals["kl"] / n_terms, "ratio_dev": totals["ratio_dev"] / n_terms}
