@@ -1,0 +1,187 @@
+"""Scale out on one machine: learner step time for 1 vs 2 ranks on the same global batch, and
+engine throughput for 1 vs 2 replicas behind the gateway's router (issue 33).
+
+    python bench/scale.py [--model tiny-long] [--repeats 3] [--episodes 32]
+
+Ranks: the same tree-packed batch, one process with every thread vs two FSDP2 ranks (gloo)
+with the threads split between them (rl/ranks.py).  Replicas: engine processes with the
+cores split between them, called through serving/engine_client.py's ReplicaRouter by
+``--episodes`` concurrent 3-turn episodes.  On a 2-core machine the cores, not the
+processes, are the limit: the ratios say what splitting them costs or saves, not what a
+second GPU gives.  Prints a table and writes bench/results/scale-MODEL.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from common import table, write  # noqa: E402
+
+CORES = os.cpu_count() or 2
+
+
+def batch(seed: int = 0, episodes: int = 16, vocab: int = 90) -> list[dict]:
+    """Multi-turn episodes with forks over one system prompt, tree-packed (the learner's input)."""
+    from actorjet.rl.pack import pack
+
+    rng = random.Random(seed)
+    tok = lambda n: [rng.randint(4, vocab) for _ in range(n)]  # noqa: E731
+    calls, system = [], tok(64)
+    for e in range(episodes):
+        history = system + tok(32)
+        for turn in range(4):
+            completion = tok(24)
+            calls.append(({"model": "m", "role": "a", "episode_id": f"e{e}", "call_index": turn, "choice": 0,
+                           "prompt_ids": list(history), "completion_ids": completion, "temperature": 1.0,
+                           "weight_version": 0, "logprobs": [-rng.random() for _ in completion]},
+                          rng.uniform(-1, 1)))
+            history = history + completion + tok(16)
+    return [p.to_dict() for p in pack(calls, "tree", max_tokens=512)]
+
+
+def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0, world: int = 1,
+                port: int = 0, out: str = "") -> list[float]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from actorjet.rl import ranks
+    from actorjet.rl.grpo import GRPOConfig, grpo_step
+
+    torch.set_num_threads(max(1, CORES // world))
+    group = ranks.join(rank, world, "127.0.0.1", port) if world > 1 else None
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if group is not None:
+        model = ranks.shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    times = []
+    for _ in range(repeats + 1):                     # the first is a warm-up
+        t0 = time.perf_counter()
+        grpo_step(model, opt, samples, GRPOConfig(), 0, ranks=group)
+        times.append(time.perf_counter() - t0)
+    if out and rank == 0:
+        Path(out).write_text(json.dumps(times[1:]))
+    if group is not None:
+        ranks.leave()
+    return times[1:]
+
+
+def learner_ranks(model_dir: str, repeats: int) -> dict:
+    from actorjet.runtime.system import free_port
+
+    samples = batch()
+    one = _step_times(model_dir, samples, repeats)
+    out = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-ranks-{os.getpid()}.json")
+    port = free_port()
+    procs = [mp.get_context("spawn").Process(target=_step_times, args=(model_dir, samples, repeats, r, 2, port, out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(600)
+    two = json.loads(Path(out).read_text())
+    Path(out).unlink()
+    tokens = sum(len(s["input_ids"]) for s in samples)
+    return {"sequences": len(samples), "sequence_tokens": tokens, "one_rank_s": statistics.median(one),
+            "two_ranks_s": statistics.median(two), "ratio": statistics.median(two) / statistics.median(one)}
+
+
+def _serve_engine(model_dir: str, threads: int, port_file: str) -> None:
+    import torch
+
+    from actorjet.actors.engine import engine_app
+    from actorjet.serving.serve import AppServer
+    from actorjet.serving.transformers_engine import TransformersEngine
+
+    torch.set_num_threads(threads)
+    engine = TransformersEngine(model_dir, seed=0)
+    server = AppServer(engine_app(engine))
+    Path(port_file).write_text(server.url)
+    while True:
+        time.sleep(3600)
+
+
+def engine_replicas(model_dir: str, n: int, episodes: int) -> dict:
+    """Tokens generated per second by ``episodes`` concurrent 3-turn episodes over ``n`` replicas."""
+    from transformers import AutoTokenizer
+
+    from actorjet.serving.batching_engine import GenRequest
+    from actorjet.serving.engine_client import ReplicaRouter
+
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    files = [tmp / f"scale-engine-{os.getpid()}-{k}" for k in range(n)]
+    procs = [mp.get_context("spawn").Process(target=_serve_engine, args=(model_dir, max(1, CORES // n), str(f)),
+                                             daemon=True) for f in files]
+    for p in procs:
+        p.start()
+    try:
+        deadline = time.time() + 300
+        while not all(f.exists() for f in files):
+            if time.time() > deadline:
+                raise RuntimeError("the engines did not start")
+            time.sleep(0.2)
+        router = ReplicaRouter()
+        router.set_replicas({("engine" + (f".{k}" if k else "")): f.read_text() for k, f in enumerate(files)})
+        prompt = AutoTokenizer.from_pretrained(model_dir)("The answer is", add_special_tokens=False)["input_ids"]
+
+        async def episode(e: int) -> int:
+            made, history = 0, list(prompt) * 8
+            for turn in range(3):
+                [r] = await router(GenRequest(history, 32, 1.0, seed=e * 10 + turn, cache_key=f"e{e}/a"))
+                made += len(r.completion_ids)
+                history = history + list(r.completion_ids) + list(prompt)
+            return made
+
+        async def run() -> tuple[int, float]:
+            await asyncio.gather(*(episode(-1 - k) for k in range(n)))        # warm-up
+            t0 = time.perf_counter()
+            made = await asyncio.gather(*(episode(e) for e in range(episodes)))
+            seconds = time.perf_counter() - t0
+            await router.close()
+            return sum(made), seconds
+        tokens, seconds = asyncio.run(run())
+        return {"replicas": n, "episodes": episodes, "tokens": tokens, "seconds": seconds,
+                "tokens_per_s": tokens / seconds, "served": dict(router.served)}
+    finally:
+        for p in procs:
+            p.kill()
+        for f in files:
+            f.unlink(missing_ok=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny-long", help="a zoo model (default %(default)s: 32k positions)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed learner steps per setting (after one warm-up)")
+    ap.add_argument("--episodes", type=int, default=32, help="concurrent episodes for the engine runs")
+    args = ap.parse_args()
+    from actorjet.models import zoo
+
+    model_dir = str(zoo.resolve(args.model))
+    ranks = learner_ranks(model_dir, args.repeats)
+    engines = [engine_replicas(model_dir, n, args.episodes) for n in (1, 2)]
+    rows = [("learner step, 1 rank", f"{ranks['one_rank_s']:.3f} s", f"{CORES} threads"),
+            ("learner step, 2 ranks (FSDP2, gloo)", f"{ranks['two_ranks_s']:.3f} s",
+             f"{max(1, CORES // 2)} thread(s) each; ratio {ranks['ratio']:.2f}"),
+            *[(f"engine, {e['replicas']} replica(s)", f"{e['tokens_per_s']:.0f} tokens/s",
+               f"{e['episodes']} episodes x 3 turns; served {e['served']}") for e in engines]]
+    table(rows, ("what", "measured", "notes"))
+    print(f"engine throughput ratio 2:1 replicas = {engines[1]['tokens_per_s'] / engines[0]['tokens_per_s']:.2f} "
+          f"on {CORES} cores (the cores are split, not added)")
+    write(f"scale-{args.model}", {"model": args.model, "cores": CORES, "learner_ranks": ranks, "engine_replicas": engines})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
