@@ -52,7 +52,7 @@ def batch(seed: int = 0, episodes: int = 16, vocab: int = 90) -> list[dict]:
 
 
 def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0, world: int = 1,
-                port: int = 0, out: str = "") -> list[float]:
+                port: int = 0, out: str = "", device: str = "cpu") -> list[float]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -60,8 +60,8 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
     from actorjet.rl.grpo import GRPOConfig, grpo_step
 
     torch.set_num_threads(max(1, CORES // world))
-    group = ranks.join(rank, world, "127.0.0.1", port) if world > 1 else None
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    group = ranks.join(rank, world, "127.0.0.1", port, device=device) if world > 1 or device != "cpu" else None
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     if group is not None:
         model = ranks.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
@@ -77,10 +77,13 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
     return times[1:]
 
 
-def learner_ranks(model_dir: str, repeats: int) -> dict:
+def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
     from actorjet.runtime.system import free_port
 
     samples = batch()
+    if device != "cpu":       # one GPU: world size 1 over nccl, FSDP2 on one rank (the path, not a speed-up)
+        return {"sequences": len(samples), "one_rank_nccl_s": statistics.median(
+            _step_times(model_dir, samples, repeats, 0, 1, free_port(), device=device))}
     one = _step_times(model_dir, samples, repeats)
     out = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-ranks-{os.getpid()}.json")
     port = free_port()
@@ -97,7 +100,7 @@ def learner_ranks(model_dir: str, repeats: int) -> dict:
             "two_ranks_s": statistics.median(two), "ratio": statistics.median(two) / statistics.median(one)}
 
 
-def _serve_engine(model_dir: str, threads: int, port_file: str) -> None:
+def _serve_engine(model_dir: str, threads: int, port_file: str, device: str = "cpu") -> None:
     import torch
 
     from actorjet.actors.engine import engine_app
@@ -105,14 +108,14 @@ def _serve_engine(model_dir: str, threads: int, port_file: str) -> None:
     from actorjet.serving.transformers_engine import TransformersEngine
 
     torch.set_num_threads(threads)
-    engine = TransformersEngine(model_dir, seed=0)
+    engine = TransformersEngine(model_dir, seed=0, device=device)
     server = AppServer(engine_app(engine))
     Path(port_file).write_text(server.url)
     while True:
         time.sleep(3600)
 
 
-def engine_replicas(model_dir: str, n: int, episodes: int) -> dict:
+def engine_replicas(model_dir: str, n: int, episodes: int, device: str = "cpu") -> dict:
     """Tokens generated per second by ``episodes`` concurrent 3-turn episodes over ``n`` replicas."""
     from transformers import AutoTokenizer
 
@@ -121,7 +124,7 @@ def engine_replicas(model_dir: str, n: int, episodes: int) -> dict:
 
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     files = [tmp / f"scale-engine-{os.getpid()}-{k}" for k in range(n)]
-    procs = [mp.get_context("spawn").Process(target=_serve_engine, args=(model_dir, max(1, CORES // n), str(f)),
+    procs = [mp.get_context("spawn").Process(target=_serve_engine, args=(model_dir, max(1, CORES // n), str(f), device),
                                              daemon=True) for f in files]
     for p in procs:
         p.start()
@@ -165,12 +168,17 @@ def main() -> int:
     ap.add_argument("--model", default="tiny-long", help="a zoo model (default %(default)s: 32k positions)")
     ap.add_argument("--repeats", type=int, default=3, help="timed learner steps per setting (after one warm-up)")
     ap.add_argument("--episodes", type=int, default=32, help="concurrent episodes for the engine runs")
+    ap.add_argument("--device", default="cpu", help="cuda: one GPU, both replicas on it, one rank over nccl")
     args = ap.parse_args()
     from actorjet.models import zoo
 
     model_dir = str(zoo.resolve(args.model))
-    ranks = learner_ranks(model_dir, args.repeats)
-    engines = [engine_replicas(model_dir, n, args.episodes) for n in (1, 2)]
+    ranks = learner_ranks(model_dir, args.repeats, args.device)
+    engines = [engine_replicas(model_dir, n, args.episodes, args.device) for n in (1, 2)]
+    if args.device != "cpu":
+        print(json.dumps({"learner_ranks": ranks, "engine_replicas": engines}, indent=1))
+        write(f"scale-{args.model}-{args.device}", {"learner_ranks": ranks, "engine_replicas": engines})
+        return 0
     rows = [("learner step, 1 rank", f"{ranks['one_rank_s']:.3f} s", f"{CORES} threads"),
             ("learner step, 2 ranks (FSDP2, gloo)", f"{ranks['two_ranks_s']:.3f} s",
              f"{max(1, CORES // 2)} thread(s) each; ratio {ranks['ratio']:.2f}"),
