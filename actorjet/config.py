@@ -42,6 +42,7 @@ MODEL_DEFAULTS = {
     "tool_parser": "",   # hermes | llama3_json | mistral | pythonic ('': read from the chat template)
     "engines": 1,        # engine replicas; the gateway spreads calls over them (serving/engine_client.py)
     "engine_placement": [],   # one placement table per replica ({ node = N } / { gpus = 1 }); [] = the tree's
+    "tensor_parallel_size": 1,   # engine = "vllm": GPUs per replica (vLLM's tensor parallelism)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -113,6 +114,9 @@ def normalize(data: dict, where: str = "job") -> dict:
                             "pythonic (or absent: read from the chat template)")
         if not 1 <= m["engines"] <= 64:
             raise UserError(f"{where}: model {m['name']!r}: engines must be from 1 to 64, got {m['engines']!r}")
+        if not 1 <= m["tensor_parallel_size"] <= 64 or (m["tensor_parallel_size"] > 1 and m["engine"] != "vllm"):
+            raise UserError(f"{where}: model {m['name']!r}: tensor_parallel_size must be from 1 to 64, and above 1 "
+                            f"only with engine = \"vllm\" (got {m['tensor_parallel_size']!r}, engine {m['engine']!r})")
         places = m["engine_placement"]
         if places and (len(places) != m["engines"] or not all(
                 isinstance(p, dict) and set(p) <= {"node", "gpus", "cpus"} for p in places)):

@@ -40,10 +40,12 @@ def test_engines_becomes_one_child_per_replica_and_bad_values_get_one_line_error
         ("engine", {"replica": 0}, {}), ("engine.1", {"replica": 1}, {"node": "b"}),
         ("engine.2", {"replica": 2}, {"gpus": 1})]
     assert with_engine_replicas(tree, normalize({})) == tree                  # one engine: the tree as written
+    assert normalize({"models": [{"engine": "vllm", "tensor_parallel_size": 4}]})["models"][0]["tensor_parallel_size"] == 4
     for bad, says in (({"engines": 0}, "engines must be from 1 to 64, got 0"),
                       ({"engines": True}, "field 'engines' must be int"),
                       ({"engines": 2, "engine_placement": [{"gpus": 1}]}, "one placement table per engine replica"),
-                      ({"engine_placement": [{"rack": 3}]}, "each with node, gpus or cpus")):
+                      ({"engine_placement": [{"rack": 3}]}, "each with node, gpus or cpus"),
+                      ({"tensor_parallel_size": 2}, 'above 1 only with engine = "vllm"')):
         with pytest.raises(UserError, match=says):
             normalize({"models": [bad]})
 
@@ -126,3 +128,19 @@ def test_a_replica_killed_while_it_holds_requests_fails_no_episode_and_takes_tra
     final = data["models"][0]["engine_replicas"]
     assert final["engine.1"]["failed"] >= held["engine.1"]["outstanding"]       # sent again, elsewhere
     assert pid_of(port, "model.policy/engine.1") not in (None, pid)
+
+
+def test_status_and_top_show_each_replicas_calls_and_which_is_out():
+    from rich.console import Console
+
+    from actorjet.cli.tables import print_status
+    from actorjet.cli.top import replicas_cell
+
+    model = {"name": "policy", "weight_version": 3, "learner_step": 3, "engine_replicas": {
+        "engine": {"url": "u0", "out": False, "outstanding": 2, "served": 40, "failed": 0},
+        "engine.1": {"url": "u1", "out": True, "outstanding": 0, "served": 17, "failed": 3}}}
+    console = Console(record=True, width=200)
+    print_status({"models": [model], "nodes": [], "runners": []}, console)
+    shown = console.export_text()
+    assert "engine: 40 / 2" in shown and "engine.1: 17 / 0 out" in shown
+    assert replicas_cell(model) == "e:40/2 e.1:17/0 out" and replicas_cell({"name": "m"}) == "-"

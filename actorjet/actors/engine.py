@@ -40,7 +40,8 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
     if cfg["engine"] == "vllm":
         from actorjet.serving.vllm_engine import VLLMEngine
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
-                          seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True, lora=cfg.get("lora"))
+                          seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True, lora=cfg.get("lora"),
+                           tensor_parallel_size=cfg.get("tensor_parallel_size", 1))
     from actorjet.serving.transformers_engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
                               max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"),

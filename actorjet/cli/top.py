@@ -73,7 +73,7 @@ class Poller:
 def models_table(status: dict) -> Table:
     t = Table(title="models", expand=True)
     for col in ("model", "step", "version", "reward", "reward (last 60 steps)", "accuracy",
-                "batch wait / train / publish s", "staleness", "tokens/s", "token ratio"):
+                "batch wait / train / publish s", "staleness", "tokens/s", "token ratio", "engine replicas"):
         t.add_column(col)
     for mdl in status.get("models", []):
         recent = mdl.get("recent") or [{}]
@@ -85,8 +85,14 @@ def models_table(status: dict) -> Table:
         t.add_row(mdl["name"], str(mdl["learner_step"]), str(mdl["weight_version"]),
                   f"{rewards[-1]:.2f}" if rewards else "-", sparkline(rewards), acc or "-", split,
                   f"{last.get('staleness_mean', 0) or 0:.2f}", f"{tps:.0f}",
-                  f"{last['token_ratio']:.2f}" if last.get("token_ratio") else "-")
+                  f"{last['token_ratio']:.2f}" if last.get("token_ratio") else "-", replicas_cell(mdl))
     return t
+
+
+def replicas_cell(mdl: dict) -> str:
+    """Per engine replica: calls served / outstanding, and "out" while the gateway routes around it."""
+    return " ".join(f"{name.replace('engine', 'e') or 'e'}:{r['served']}/{r['outstanding']}" + (" out" if r["out"] else "")
+                    for name, r in (mdl.get("engine_replicas") or {}).items()) or "-"
 
 
 def nodes_table(status: dict) -> Table:

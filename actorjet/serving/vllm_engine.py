@@ -24,7 +24,7 @@ def _load_on_worker(worker, path: str) -> None:
 class VLLMEngine(BatchingEngine):
     def __init__(self, model_dir: str, dtype: str = "bfloat16", seed: int = 0, max_batch: int = 1024,
                  window_s: float = 0.004, gpu_memory_utilization: float = 0.6, start_thread: bool = True,
-                 crash_on_thread_death: bool = False, lora: dict | None = None):
+                 crash_on_thread_death: bool = False, lora: dict | None = None, tensor_parallel_size: int = 1):
         try:
             from vllm import LLM, SamplingParams
         except ImportError as e:
@@ -32,7 +32,7 @@ class VLLMEngine(BatchingEngine):
                             "with a GPU, or use engine = 'transformers'") from None
         self.SamplingParams = SamplingParams
         kwargs = dict(model=str(model_dir), dtype=dtype, seed=seed, enable_prefix_caching=True,
-                      gpu_memory_utilization=gpu_memory_utilization)
+                      gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
         self.model_dir, self.lora, self.lora_request, self.lora_serial = str(model_dir), lora or {}, None, 0
         if self.lora:
             kwargs.update(enable_lora=True, max_lora_rank=max(8, self.lora["r"]), max_loras=2)
@@ -46,7 +46,11 @@ class VLLMEngine(BatchingEngine):
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
         self.batches += 1
         params = [self.SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_tokens,
-                                      stop=r.stop or None, seed=r.seed, logprobs=r.top_logprobs)
+                                      stop=r.stop or None, seed=r.seed, logprobs=r.top_logprobs,
+                                      # the stop's tokens stay in the answer, as the transformers engine
+                                      # keeps them: the gateway cuts the text itself (a named tool call's
+                                      # closing must stay, serving/tool_choice.py)
+                                      include_stop_str_in_output=True)
                   for r in reqs]
         prompts = [{"prompt_token_ids": list(r.prompt_ids)} for r in reqs]
         outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
