@@ -28,6 +28,8 @@ MODEL_DEFAULTS = {
     "name": "policy", "source": "tiny-arith", "engine": "transformers", "device": "cpu",
     "dtype": "float32", "trainable": True, "lr": 1e-4, "clip": 0.2, "kl": 0.0, "grad_clip": 1.0,
     "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
+    "checkpoint_keep_last": 3,    # checkpoints kept: the newest N (at least the newest, to resume from) …
+    "checkpoint_keep_best": 1,    # … and the N best by held-out accuracy (models/checkpoint_retention.py)
     "eval_max_tokens": 8, "default_max_tokens": 256,
     "eval_split": "validation",   # the held-out split the learner reports (task sources' eval_tasks(split))
     "merge": "auto",   # context tracker: none | prefix | tree | auto (the best the model supports)
@@ -122,6 +124,9 @@ def normalize(data: dict, where: str = "job") -> dict:
                 isinstance(p, dict) and set(p) <= {"node", "gpus", "cpus"} for p in places)):
             raise UserError(f"{where}: model {m['name']!r}: engine_placement must list one placement table per "
                             f"engine replica ({m['engines']}), each with node, gpus or cpus")
+        if m["checkpoint_keep_last"] < 1 or m["checkpoint_keep_best"] < 0:
+            raise UserError(f"{where}: model {m['name']!r}: checkpoint_keep_last must be >= 1 (the newest is what a "
+                            f"restarted learner resumes from) and checkpoint_keep_best >= 0")
         if m["prefix_cache_mb"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: prefix_cache_mb must be >= 0 (0: keep none)")
     _check_bases(job["models"], where)

@@ -211,8 +211,9 @@ def test_a_lora_job_trains_survives_a_learner_kill_and_exports(swarm, tmp_path):
     from swarm import REPO, pid_of, wait_until
 
     # 16 groups a step: slow enough (~1 s a step) that the kill lands mid-training
-    (tmp_path / "job.toml").write_text(tiny_arith(16, groups_per_step=16,
-                                                  model='checkpoint_every = 4\nlora = { r = 4, alpha = 8 }'))
+    (tmp_path / "job.toml").write_text(tiny_arith(16, groups_per_step=16, model='checkpoint_every = 4\n'
+                                                  'checkpoint_keep_last = 2\ncheckpoint_keep_best = 0\n'
+                                                  'lora = { r = 4, alpha = 8 }'))
     run = tmp_path / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])
@@ -229,7 +230,9 @@ def test_a_lora_job_trains_survives_a_learner_kill_and_exports(swarm, tmp_path):
     assert train and all(0 < r["publish_bytes"] < full / 5 for r in train)      # every version an adapter
     # resumed from an adapter checkpoint (steps fly on a quiet machine: the kill may land late)
     assert re.search(r"policy resumed at step (4|8|12|16) ", (run / "logs" / "head" / "actors.log").read_text())
-    last = sorted((run / "checkpoints" / "policy").glob("step_*"))[-1]
+    kept = sorted((run / "checkpoints" / "policy").glob("step_*"))
+    assert [p.name for p in kept] == ["step_000012", "step_000016"]      # the newest 2 (and no "best")
+    last = kept[-1]
     assert (last / "adapter_config.json").exists() and not (last / "model.safetensors").exists()
     out = tmp_path / "exported"
     assert main(["export", str(run), str(out)]) == 0

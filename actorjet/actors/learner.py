@@ -33,6 +33,7 @@ import torch
 
 from actorjet.config import engine_of
 from actorjet.serving.engine_client import replica_services
+from actorjet.models import checkpoint_retention
 from actorjet.models.prepare import model_config_here
 from actorjet.models.evaluate import greedy_accuracy
 from actorjet.models.heldout import eval_spec
@@ -338,6 +339,8 @@ class Learner(ManagedActor):
             records = self.evals_running.pop(0).result()
             for record in records:
                 self._metric(record)
+                checkpoint_retention.record_score(self.run_dir / "checkpoints" / self.model_name, record["step"],
+                                                  record["accuracy"])
                 log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, record["step"],
                          record["task"], record["accuracy"])
             self.send(self.registry, proto.Evaluated(self.model_name, records[0]["step"]))
@@ -353,6 +356,10 @@ class Learner(ManagedActor):
         self.tokenizer.save_pretrained(out)
         torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
         (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))
+        gone = checkpoint_retention.prune(out.parent, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
+        if gone:
+            log.info("%s: checkpoints of steps %s deleted (keeping the newest %d and the best %d)", self.model_name,
+                     gone, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
         # Retention: a restarted learner rewinds to this checkpoint, so what it trained up to
         # here is never needed again (exported first with [train] keep_trajectories).
         archive = self.run_dir / "trajectories" / f"{self.model_name}.jsonl" \
