@@ -56,10 +56,13 @@ def address_towards(host: str, port: int) -> str:
 
 
 def thespian_log_defs(log_dir: Path) -> dict:
-    """Where thespian's logging process writes what reaches the root logger."""
+    """Where thespian's logging process writes what reaches the root logger: one writer, so
+    the stdlib's rotation by size is right here (thespian's own thespian.log is capped by
+    thespian, THESPLOG_FILE_MAXSIZE)."""
     return {"version": 1, "disable_existing_loggers": False,
-            "handlers": {"file": {"class": "logging.FileHandler", "level": "WARNING",
-                                  "filename": str(log_dir / "thespian-root.log")}},
+            "handlers": {"file": {"class": "logging.handlers.RotatingFileHandler", "level": "WARNING",
+                                  "filename": str(log_dir / "thespian-root.log"), "maxBytes": logs.MAX_BYTES,
+                                  "backupCount": logs.BACKUPS}},
             "root": {"handlers": ["file"], "level": "WARNING"}}
 
 
