@@ -134,6 +134,7 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     assert "watchdog: policy/engine stalled" in text and "watchdog: policy/gateway stalled" in text
 
 
+@pytest.mark.slow
 def test_a_slow_evaluation_neither_stops_training_nor_gets_the_learner_restarted(swarm, tmp_path):
     """A held-out evaluation that takes longer than the watchdog's stall_s (SmolLM2's
     multi-turn one takes minutes): inline, it stopped training and the watchdog restarted the
