@@ -166,7 +166,7 @@ class ReplicaRouter:
         client = self.clients.get(name)
         if client is None:
             client = self.clients[name] = HttpEngineBackend(self.token)
-        client.url = self.urls[name]
+        client.url = self.urls.get(name)       # None (gone from the directory meanwhile): unavailable
         return client
 
     async def __call__(self, req: GenRequest) -> list[GenResult]:
