@@ -129,7 +129,7 @@ class Engine(ManagedActor):
         if cfg["engine"] == "transformers":
             from actorjet.serving import threads
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
-        self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"engine.{self.model}")
+
         # versions pushed by a learner on another node (serving/weights.py), on a port of their own
         self.receiver = weights.Receiver(endpoints.local_run_dir(self.context) / "weights-received",
                                          self.context["token"], endpoints.bind_host())
@@ -137,6 +137,8 @@ class Engine(ManagedActor):
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
         replica = int(self.args.get("replica", 0))      # engines = N: replica K announces engine.K (K > 0)
         self.kind = "engine" + (f".{replica}" if replica else "")
+        # its name keeps its port across restarts (runtime/endpoints.py): one name per replica
+        self.server = AppServer(engine_app(self.engine, self.context["token"]), name=f"{self.kind}.{self.model}")
         self.announce(self.model, {self.kind: self.server.url,
                                    self.kind.replace("engine", "weights"): endpoints.url(self.receiver.port)})
 
