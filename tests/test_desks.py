@@ -129,7 +129,7 @@ def test_client_mode_episodes_are_leases_of_one_member():
     """One path to finish a group: a client-mode episode is a lease (opened by the program at
     a gateway), ended by /end or /abort, expired by the same idle limit as a runner's."""
     desk = make_desk()
-    client = lambda event, episode, **more: desk.on_ClientEvent(  # noqa: E731
+    client = lambda event, episode, **more: desk.handlers()[proto.ClientEvent](  # noqa: E731
         proto.ClientEvent({"event": event, "episode_id": episode, **more}), "gw")
     for k in range(2):
         client("open", f"c{k}", group="G", group_size=2)

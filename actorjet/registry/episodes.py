@@ -107,10 +107,12 @@ class EpisodeDesk:
         return {
             m.ServiceUp: self.on_ServiceUp, proto.TaskCommand: self.on_TaskCommand,
             proto.LeaseRequest: self.on_LeaseRequest, proto.GroupResult: self.on_GroupResult,
-            m.RunnerDown: self.on_RunnerDown, proto.StoreCounts: self.on_StoreCounts, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
-            proto.EngineReplicas: self.on_EngineReplicas,
+            m.RunnerDown: self.on_RunnerDown, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
+            proto.StoreCounts: lambda msg, sender: self._latest(self.store_counts, msg.model, msg.counts),
+            proto.EngineReplicas: lambda msg, sender: self._latest(self.replicas, msg.model, msg.replicas),
             proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
-            proto.Quarantined: self.on_Quarantined, proto.ClientEvent: self.on_ClientEvent,
+            proto.Quarantined: lambda msg, sender: self.counters.quarantine(msg.cause) or [],
+            proto.ClientEvent: lambda msg, sender: self.route(self.leases.client_event(msg.event)),   # client mode
             proto.EpisodeActivity: self.on_EpisodeActivity, proto.StoreNews: self.on_StoreNews,
             proto.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
             proto.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
@@ -269,15 +271,12 @@ class EpisodeDesk:
         return self.upgrades.tick() + self.route(self.leases.tick()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
-    def on_StoreCounts(self, msg: proto.StoreCounts, sender) -> Out:
-        """A learner's counts of its model's episode store (status: episodes.trained)."""
-        if isinstance(msg.counts, dict):
-            self.store_counts[str(msg.model)] = dict(msg.counts)
-        return []
-
-    def on_EngineReplicas(self, msg: proto.EngineReplicas, sender) -> Out:
-        if isinstance(msg.replicas, dict):
-            self.replicas[str(msg.model)] = msg.replicas
+    @staticmethod
+    def _latest(table: dict, model, report) -> Out:
+        """A per-model report kept for status as it last came: a learner's store counts
+        (episodes.trained), a gateway's engine replicas."""
+        if isinstance(report, dict):
+            table[str(model)] = dict(report)
         return []
 
     def on_Progress(self, msg: proto.Progress, sender) -> Out:
@@ -367,14 +366,6 @@ class EpisodeDesk:
         metrics.append(self.run_dir, record)
         if self.tb is not None:
             self.tb.write(record)
-
-    # -- client mode ----------------------------------------------------------------------
-    def on_Quarantined(self, msg: proto.Quarantined, sender) -> Out:
-        self.counters.quarantine(msg.cause)
-        return []
-
-    def on_ClientEvent(self, msg: proto.ClientEvent, sender) -> Out:
-        return self.route(self.leases.client_event(msg.event))
 
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:
