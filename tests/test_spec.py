@@ -38,6 +38,17 @@ def test_a_good_tree_loads_and_round_trips():
     assert sub.strategy == "rest_for_one" and sub.args == {"model": "policy"}
     assert find(spec, "model.policy/p1").restart == "transient"
     assert ChildSpec.from_dict(spec.to_dict()) == spec
+    assert spec.kinds() == {"supervisor", "registry", "probe"}      # what a head preloads before forking
+
+
+def test_preloading_imports_each_kinds_module_and_leaves_a_broken_one_to_its_actor():
+    """A head imports its actors' modules once, before thespian forks them (runtime/kinds.py)."""
+    code = ("import sys; from actorjet.runtime import kinds; "
+            "kinds.preload(['probe', 'no_such_module:Actor', 'runner']); "
+            "print('actorjet.runtime.probe' in sys.modules, 'actorjet.actors.runner' in sys.modules, "
+            "'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.stdout.split() == ["True", "True", "False"], out.stderr    # a runner needs no torch
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -44,6 +44,13 @@ class ChildSpec:
     child_kind: str = ""         # their kind, e.g. "runner"
     count: int = 0               # 0: one per slot of every live node; N: N of them, placed by free slots
 
+    def kinds(self) -> set[str]:
+        """Every actor kind this tree can start (a simple_one_for_one's children included)."""
+        out = {self.kind} | ({self.child_kind} if self.child_kind else set())
+        for child in self.children:
+            out |= child.kinds()
+        return out
+
     def to_dict(self) -> dict:
         """Plain data, so the spec travels inside thespian messages."""
         return asdict(self)
