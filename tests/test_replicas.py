@@ -5,6 +5,7 @@ endpoints.  In a swarm: one replica SIGKILLed while it holds requests."""
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -116,8 +117,15 @@ def test_a_replica_killed_while_it_holds_requests_fails_no_episode_and_takes_tra
     asys, root = attach_root(port)
     pid = pid_of(port, "model.policy/engine.1")
     asys.tell(lookup(asys, root, "model.policy/engine.1"), proto.Stall(600))      # it holds what it gets
-    held = wait_until(lambda: replicas()["engine.1"]["outstanding"] > 0 and replicas(), 30, interval_s=0.2,
-                      what="calls held by the stalled replica")
+
+    def holding():
+        """The replica's calls once the stall took hold: none served for a second (read at
+        once after the Stall, a batch it was running still finished afterwards)."""
+        before = replicas()["engine.1"]
+        time.sleep(1.0)
+        now = replicas()
+        return now if now["engine.1"]["served"] == before["served"] and now["engine.1"]["outstanding"] > 0 else None
+    held = wait_until(holding, 30, interval_s=0.2, what="calls held by the stalled replica")
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: status()["restarts"].get("root/model.policy/engine.1") == 1, 60, what="engine.1 restarted")
     served = replicas()["engine.1"]["served"]

@@ -72,3 +72,18 @@ def test_the_rebuild_command_answers_a_mistake_in_one_line(argv, says):
     out = subprocess.run([sys.executable, "-m", "actorjet.models.zoo", *argv], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_seed_that_does_not_ship_is_built_once_into_the_cache(tmp_path, monkeypatch):
+    """What a machine without the model does (a model node, another seed): build, publish
+    atomically, then reuse.  Two warm-up steps here; the real warm-up is 300."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("ACTORJET_CACHE", str(tmp_path))
+    path = zoo.tiny_arith(seed=5, steps=2)
+    assert path.parent == tmp_path / "zoo" and (path / "done.json").exists()
+    assert [p.name for p in (tmp_path / "zoo").iterdir()] == [path.name]       # no temporary folder left
+    built_at = (path / "model.safetensors").stat().st_mtime_ns
+    assert zoo.tiny_arith(seed=5, steps=2) == path and (path / "model.safetensors").stat().st_mtime_ns == built_at
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    assert model.config.vocab_size == len(tok) and tok("12+30=")["input_ids"]

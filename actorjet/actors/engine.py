@@ -19,7 +19,7 @@ from datetime import timedelta
 from aiohttp import web
 from thespian.actors import WakeupMessage
 
-from actorjet.models.prepare import model_config_here
+from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.config import sharing
 from actorjet.serving.batching_engine import GenRequest, RequestFailed
 from actorjet.serving import weights
@@ -29,6 +29,8 @@ from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.signing import bearer_ok
+
+preload = preload_libraries      # runtime/kinds.py: what a head imports once, before forking this actor
 
 
 PROGRESS_S = 1.0

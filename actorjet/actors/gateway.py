@@ -19,7 +19,7 @@ from datetime import timedelta
 from thespian.actors import WakeupMessage
 
 from actorjet.config import engine_of
-from actorjet.models.prepare import model_config_here
+from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.runtime import endpoints
 from actorjet.store import completed, episode_store
 from actorjet.serving.engine_client import ReplicaRouter, replica_services
@@ -29,6 +29,8 @@ from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.inbox import Inbox
+
+preload = preload_libraries      # runtime/kinds.py: what a head imports once, before forking this actor
 
 FLUSH_S = 0.05
 PROGRESS_S = 1.0

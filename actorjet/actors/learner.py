@@ -34,7 +34,7 @@ import torch
 from actorjet.config import engine_of
 from actorjet.serving.engine_client import replica_services
 from actorjet.models import checkpoint_retention
-from actorjet.models.prepare import model_config_here
+from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.models.evaluate import greedy_accuracy
 from actorjet.models.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
@@ -49,6 +49,8 @@ from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.logs import log
+
+preload = preload_libraries      # runtime/kinds.py: what a head imports once, before forking this actor
 
 POLL_S = 0.02        # how often the actor looks for a prefetched batch
 IDLE_S = 0.05        # the prefetch thread's pause when no batch is ready in the store

@@ -110,3 +110,24 @@ def prepare(job: dict, progress=None) -> dict:
         except UserError as e:
             raise UserError(f"model {model['name']!r}: {str(e).partition(': ')[2]}") from None
     return job
+
+
+def preload_libraries(job: dict) -> None:
+    """Import, never run, what the job's engines, learners and gateways import lazily:
+    transformers' auto classes, each model's architecture module, peft for LoRA models.
+
+    Called in the process that forks the actors (runtime/kinds.py), so each of them does not
+    pay ~1.8 s of CPU for it again (and again at every restart).  Only imports: no weights
+    are loaded and no torch op runs here (see ``prepare`` on forked OpenMP pools)."""
+    import contextlib
+
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    for model in job.get("models", []):
+        config = Path(model.get("path") or "") / "config.json"
+        with contextlib.suppress(Exception):        # an odd model is loaded, and reported, by its actor
+            if config.is_file():
+                MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(config.parent))]
+        if model.get("lora"):
+            import peft  # noqa: F401

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from actorjet.errors import UserError
+from actorjet.runtime import kinds
 from actorjet.runtime import messages as m
 from actorjet.runtime import system
 from actorjet.runtime.tree_spec import ChildSpec
@@ -134,7 +135,8 @@ class Head:
                 "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count()}
         os.environ["ACTORJET_TOKEN"] = self.token      # local runners check behaviors with it
         self.asys = system.start_actor_system(caps, self.run_dir / "logs" / "head", self.advertise, self.token,
-                                              bind_ip=self.host, node_dir=self.run_dir, preload=self.tree.kinds())
+                                              bind_ip=self.host, node_dir=self.run_dir,
+                                              preload=lambda: kinds.preload(self.tree.kinds(), self.job))
         context = {"token": self.token, "head_epoch": self.epoch, "run_dir": str(self.run_dir), "run_id": self.run_id,
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},
                    "node_timeout_s": self.node_timeout_s, "heartbeat_s": self.heartbeat_s,

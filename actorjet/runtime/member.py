@@ -16,6 +16,7 @@ from pathlib import Path
 from actorjet.errors import UserError
 from actorjet.signing import node_auth
 from actorjet.runtime import frames
+from actorjet.runtime import kinds
 from actorjet.runtime import messages as m
 from actorjet.runtime import system
 from actorjet.runtime.head import gpu_count
@@ -56,7 +57,8 @@ class Member:
         os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
         rejected_before = frames.rejected_on_node(self.state_dir)
         self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise, self.token, bind_ip=bind,
-                                              node_dir=self.state_dir, preload=["runner"])   # a model placed
+                                              node_dir=self.state_dir,
+                                              preload=lambda: kinds.preload(["runner"]))   # a model placed
         # here (a rare layout) imports its own modules
         self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         reply = self._wait_admission(rejected_before)

@@ -12,13 +12,13 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Iterable
+from typing import Callable
 
 import psutil
 from thespian.actors import ActorSystem, InvalidActorAddress
 
 from actorjet.errors import UserError
-from actorjet.runtime import endpoints, frames, kinds, logs
+from actorjet.runtime import endpoints, frames, logs
 
 BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
@@ -69,14 +69,14 @@ def thespian_log_defs(log_dir: Path) -> dict:
 
 def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, token: str,
                        bind_ip: str | None = None, node_dir: Path | None = None,
-                       preload: Iterable[str] = ()) -> ActorSystem:
+                       preload: Callable[[], None] | None = None) -> ActorSystem:
     """Start (not attach to) an actor system with these capabilities, logging under log_dir.
 
     ``advertise_ip`` is what other hosts reach this node at (thespian's and the HTTP
     services' URLs); ``bind_ip`` is where the HTTP services listen (default: the same).
     Every actor frame is signed with ``token``'s key and checked before it is unpickled
-    (runtime/frames.py); the admin and the actors fork from here and inherit it, and the
-    modules of the actor kinds in ``preload`` (runtime/kinds.py)."""
+    (runtime/frames.py); the admin and the actors fork from here and inherit it, and what
+    ``preload`` imports (runtime/kinds.py)."""
     logs.configure(log_dir)
     endpoints.set_node_addresses(bind_ip or advertise_ip, advertise_ip, node_dir or log_dir.parent,
                                  str(capabilities.get("name", "")))
@@ -90,7 +90,8 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, tok
     if port_in_use("127.0.0.1", port) or port_in_use(advertise_ip, port):
         raise UserError(f"port {port} is already in use; pick another with --port "
                         f"(or `actorjet stop --port {port}` if it is a stale ActorJet system)")
-    kinds.preload(preload)      # after OMP_WAIT_POLICY: OpenMP reads it when torch loads it
+    if preload is not None:
+        preload()               # after OMP_WAIT_POLICY: OpenMP reads it when torch loads it
     try:
         return ActorSystem(BASE, capabilities, logDefs=thespian_log_defs(log_dir), transientUnique=True)
     except InvalidActorAddress as e:
