@@ -259,7 +259,7 @@ class Door(ManagedActor):
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):
-            self.server.stop()
+            self.server.stop(self.stop_grace_s)
 
     def info(self) -> dict:
         return {"path": self.path, "url": self.server.url if getattr(self, "server", None) else None,

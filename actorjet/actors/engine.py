@@ -164,7 +164,7 @@ class Engine(ManagedActor):
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):
-            self.server.stop()
+            self.server.stop(self.stop_grace_s)
             self.engine.close()
         if getattr(self, "receiver", None):
             self.receiver.stop()

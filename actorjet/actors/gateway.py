@@ -104,6 +104,6 @@ class Gateway(ManagedActor):
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):
-            self.server.stop()
+            self.server.stop(self.stop_grace_s)
         if getattr(self, "store", None):
             self.store.close_db()

@@ -104,14 +104,16 @@ class AppServer:
         """Run a coroutine on the server's loop from another thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop serving, letting requests in flight finish for up to ``grace_s``."""
         if self._error is not None or not self._thread.is_alive():
             return
         try:
-            self.call(self.runner.cleanup(), timeout=10)
+            self.call(self.runner.cleanup(), timeout=grace_s)
         except TimeoutError:        # a blocked loop (what the watchdog restarts): the process exit frees the port
-            log.warning("server %s did not stop within 10 s; leaving it to the process exit", self.name or self.port)
+            log.warning("server %s did not stop within %g s; leaving it to the process exit",
+                        self.name or self.port, grace_s)
             return
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
+        self._thread.join(grace_s)
