@@ -2,14 +2,15 @@
 tests and of the figures docs/quickstart.md quotes.
 
     python bench/spread.py quickstart --runs 10 [--load 1]
-    python bench/spread.py chaos|smoke|hosts|shared_base --runs 10 [--load 1]
+    python bench/spread.py chaos|smoke|hosts|shared_base|team --runs 10 [--load 1]
 
 ``quickstart`` runs `actorjet quickstart` (150 steps from the shipped checkpoint); the
 others run the tests that assert learning, as they are: ``chaos`` (tests/test_chaos.py,
 40 steps while runners, a node, the gateway and the learner are killed), ``smoke``
 (tests/test_training.py, a 30-step quickstart) and ``hosts`` (tests/test_hosts.py, 30 steps
 fed by runners on another host) and ``shared_base`` (tests/test_team.py, two LoRA adapters of
-one base, one row per model).  Each run's held-out accuracy at its first and last
+one base, one row per model) and ``team`` (tests/test_team.py, two models with different
+tokenizers in one team, one row per model).  Each run's held-out accuracy at its first and last
 evaluation, and its mean sampled reward over the last 10 steps minus the first 10, are read
 from its metrics.jsonl.  ``--load N`` keeps N busy processes
 running beside it (a machine shared with other work).  Prints a table and writes
@@ -39,8 +40,9 @@ TESTS = {   # name → (test, its run directory below the test's tmp_path)
     "hosts": ("tests/test_hosts.py::test_runners_on_another_host_train_and_client_mode_from_a_third", "run"),
     "shared_base": ("tests/test_team.py::test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards",
                     "run"),
+    "team": ("tests/test_team.py::test_two_models_train_on_their_own_calls_and_both_learn", "run"),
 }
-MODELS = {"shared_base": ("adder", "rounder")}      # tests whose models learn apart: one row each
+MODELS = {"shared_base": ("adder", "rounder"), "team": ("proposer", "verifier")}   # models that learn apart: a row each
 
 
 def _busy() -> None:

@@ -2,6 +2,7 @@
 and replacing a whole node — training never stops and every episode names its code."""
 import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 import sqlite3
 import subprocess
 import sys
@@ -186,8 +187,9 @@ def test_user_mistakes_get_one_line_errors(swarm, tmp_path):
              (["rollback", "arithmetic"], "no earlier version"),
              (["rollback", "arithmetic", "--token", "t0ken"], "refused this command: wrong token"),  # --token works
              (["rollback", "arithmetic", "--to", "7"], "has no version 7")]
-    for args, message in cases:
-        out = cli(*args, run=run)
+    with ThreadPoolExecutor(3) as pool:           # independent refusals: none changes the head
+        outs = list(pool.map(lambda case: cli(*case[0], run=run), cases))
+    for (args, message), out in zip(cases, outs):
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
         assert "Traceback (most recent call last)" not in out.stderr or "failed to import" in out.stderr
 
