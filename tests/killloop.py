@@ -62,6 +62,12 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
             out["killed_pid"] = pid
         data = wait_until(lambda: (s := status())["training_finished"] and s, finish_s, interval_s=0.5,
                           what=f"{steps} learner steps")
+        # A kill in the last steps can end training (from groups already pulled) before the
+        # supervisor has counted the restart: give the count a moment to arrive.
+        killed_paths = {f"root/{TARGETS[name]}" for name in target.split("+")}
+        with contextlib.suppress(AssertionError):
+            data = wait_until(lambda: (s := status()) if killed_paths <= set(s["restarts"]) else None, 20,
+                              interval_s=0.2, what="the restarts counted")
         out.update(final_step=data["models"][0]["learner_step"], seconds_to_finish=round(time.time() - killed, 1),
                    restarts=sum(data["restarts"].values()), restarted=data["restarts"],
                    stalls_detected=data["stalls_detected"],

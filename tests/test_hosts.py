@@ -83,7 +83,7 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
     assert out.count("episode done") == 2 and "aborted" in out
     wait_until(lambda: status()["aborted_by_cause"].get("client abort") == 1, 20, what="the abort counted")
 
-    wait_until(lambda: status()["training_finished"], 240, interval_s=2, what="30 learner steps")
+    wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="30 learner steps")
     evals = wait_until(lambda: len(e := [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]) >= 2 and e,
                        60, what="the final evaluation")
     # held-out accuracy rises; `python bench/spread.py hosts`: +14.6…+28.7 points over 10 runs,
@@ -132,7 +132,7 @@ def test_a_node_that_only_connects_out_trains_through_the_door(swarm, network, t
 
     node = swarm.outbound(door, token, "laptop", slots=2, host=laptop)
     status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
-    wait_until(lambda: status()["training_finished"], 240, interval_s=2, what="12 learner steps via the door")
+    wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="12 learner steps via the door")
     data = status()
     assert data["models"][0]["learner_step"] == 12
     assert data["runners"] == []                     # no thespian runner anywhere: all episodes came through the door
@@ -228,7 +228,7 @@ def test_a_model_subtree_on_its_own_node_trains_evaluates_and_checkpoints(swarm,
                prefix=modelbox.without(run, cache_dir(), SHIPPED))
     swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
 
-    wait_until(lambda: status()["training_finished"], 240, interval_s=2, what="12 learner steps")
+    wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="12 learner steps")
     data = status()
     assert data["services"]["policy"]["gateway"].startswith(f"http://{modelbox.ip}:")
     box_home = swarm.env["ACTORJET_HOME"]
@@ -301,7 +301,7 @@ def test_an_engine_on_another_node_than_its_learner_gets_every_version_pushed(sw
     swarm.join(port, token, "infer", slots=0, head_host=head.ip, host=infer)
     swarm.join(port, token, "worker", slots=2, head_host=head.ip, host=worker)
     status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
-    wait_until(lambda: status()["training_finished"], 240, interval_s=2, what="8 learner steps")
+    wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="8 learner steps")
     engine_pid = swarm.ctl(head, "pid", port, "model.policy/engine")["pid"]
     infer_home = swarm.env_of(infer)["ACTORJET_HOME"]
     assert psutil.Process(engine_pid).environ()["ACTORJET_HOME"] == infer_home      # on its own node

@@ -58,7 +58,7 @@ def make_head(tmp_path):
 def pong(head, path):
     def ask():
         addr = head.lookup(path)
-        reply = head.asys.ask(addr, m.Ping(), 2) if addr else None
+        reply = head.asys.ask(addr, m.Ping(), 0.5) if addr else None   # a restarting child: ask again soon
         return reply if isinstance(reply, m.Pong) and reply.info.get("path", "?") != "?" else None
     return wait_until(ask, 10, what=f"{path} to answer")
 
