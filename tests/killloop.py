@@ -42,9 +42,10 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
     def step() -> int:
         return status()["models"][0]["learner_step"]
 
-    out = {"target": target, "at_step": None, "delay_s": None, "killed_pid": None, "killed_at_step": None,
+    out = {"target": target, "at_step": None, "replaced": [], "delay_s": None, "killed_pid": None, "killed_at_step": None,
            "final_step": None, "reached_final_step": False, "seconds_to_finish": None,
            "restarts": 0, "stalls_detected": 0, "stalls_healed": 0, "thread_deaths": 0, "threads_crashed_loudly": 0, "error": ""}
+    killed_pids: dict[str, int] = {}
     try:
         for i, name in enumerate(target.split("+")):
             first = 1 if i == 0 else min(step() + 1, steps - 3)
@@ -60,13 +61,19 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
             os.kill(pid, signal.SIGKILL)
             killed = time.time()
             out["killed_pid"] = pid
+            killed_pids[name] = pid
         data = wait_until(lambda: (s := status())["training_finished"] and s, finish_s, interval_s=0.5,
                           what=f"{steps} learner steps")
         # A kill in the last steps can end training (from groups already pulled) before the
-        # supervisor has counted the restart: give the count a moment to arrive.
-        killed_paths = {f"root/{TARGETS[name]}" for name in target.split("+")}
+        # supervisor has restarted the child: give it a moment.  "replaced": each killed child
+        # runs again in a new process; "restarted" is what status counts.
         with contextlib.suppress(AssertionError):
-            data = wait_until(lambda: (s := status()) if killed_paths <= set(s["restarts"]) else None, 20,
+            wait_until(lambda: all(pid_of(port, TARGETS[n]) not in (None, p) for n, p in killed_pids.items()), 20,
+                       interval_s=0.2, what="the killed children back")
+        out["replaced"] = sorted(f"root/{TARGETS[n]}" for n, p in killed_pids.items()
+                                 if pid_of(port, TARGETS[n]) not in (None, p))
+        with contextlib.suppress(AssertionError):
+            data = wait_until(lambda: (lambda s: s if set(out["replaced"]) <= set(s["restarts"]) else None)(status()), 5,
                               interval_s=0.2, what="the restarts counted")
         out.update(final_step=data["models"][0]["learner_step"], seconds_to_finish=round(time.time() - killed, 1),
                    restarts=sum(data["restarts"].values()), restarted=data["restarts"],
