@@ -214,3 +214,4 @@ def test_the_learner_and_then_the_engine_sigkilled_at_random_moments_do_not_stop
     assert out["killed_pid"] and out["reached_final_step"], (seed, out)
     assert out["thread_deaths"] == 0, (seed, out)
     assert out["replaced"] == ["root/model.policy/engine", "root/model.policy/learner"], (seed, out)   # both restarted
+    assert {"root/model.policy/learner", "root/model.policy/engine"} <= set(out["restarted"]), (seed, out)  # and counted

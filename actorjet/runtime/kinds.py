@@ -45,7 +45,6 @@ def resolve(kind: str) -> type:
     return cls
 
 
-
 def preload(kind_names, job: dict | None = None) -> None:
     """Import these kinds' modules in the process that will fork the actor system, and run
     each module's ``preload(job)`` hook if it has one (imports it would otherwise make lazily).

@@ -57,9 +57,8 @@ class Member:
         os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
         rejected_before = frames.rejected_on_node(self.state_dir)
         self.asys = system.start_actor_system(caps, self.state_dir / "logs", advertise, self.token, bind_ip=bind,
-                                              node_dir=self.state_dir,
-                                              preload=lambda: kinds.preload(["runner"]))   # a model placed
-        # here (a rare layout) imports its own modules
+                                              node_dir=self.state_dir,     # runners are what nodes host; a
+                                              preload=lambda: kinds.preload(["runner"]))   # model placed here imports its own
         self.agent = self.asys.createActor(NodeAgent, globalName=NODE_AGENT_NAME)
         reply = self._wait_admission(rejected_before)
         if not isinstance(reply, m.Admission):
