@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -101,7 +102,11 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, tok
 
 def attach(port: int, token: str | None = None) -> ActorSystem:
     """A client handle on the local system at ``port`` (never starts a new one).  Its frames
-    are signed with ``token`` (or the key this process already installed)."""
+    are signed with ``token`` (or the key this process already installed).
+
+    A system that holds another token answers within a fraction of a second with frames this
+    process drops; thespian itself would keep asking for ~14 s before it gave up, so the
+    handshake runs on a helper thread and the first dropped frame is the answer."""
     if not port_in_use("127.0.0.1", port):
         raise UserError(f"no ActorJet system is listening on port {port}")
     if token:
@@ -109,13 +114,26 @@ def attach(port: int, token: str | None = None) -> ActorSystem:
     elif not frames.installed():
         raise UserError("talking to a head needs the cluster token: pass --token, or --run-dir of the head")
     rejected = frames.rejected_here()
-    try:
-        return ActorSystem(BASE, {"Admin Port": port}, transientUnique=True)
-    except InvalidActorAddress:
-        if frames.rejected_here() > rejected:     # it answered, with frames signed by another key
-            raise UserError(f"the system on port {port} refused this command: wrong token") from None
+    result: dict = {}
+
+    def handshake() -> None:
+        try:
+            result["system"] = ActorSystem(BASE, {"Admin Port": port}, transientUnique=True)
+        except Exception as e:  # noqa: BLE001 - reported by the caller's thread below
+            result["error"] = e
+
+    helper = threading.Thread(target=handshake, name="attach", daemon=True)
+    helper.start()
+    while helper.is_alive() and frames.rejected_here() == rejected:
+        helper.join(0.05)
+    if "system" in result:
+        return result["system"]
+    if frames.rejected_here() > rejected:     # it answered, with frames signed by another key
+        raise UserError(f"the system on port {port} refused this command: wrong token")
+    if isinstance(result.get("error"), InvalidActorAddress):
         raise UserError(f"the system on port {port} did not answer (is it an ActorJet head, and is the "
-                        "token right?)") from None
+                        "token right?)")
+    raise result["error"]
 
 
 def admin_pid(port: int) -> int | None:
