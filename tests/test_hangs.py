@@ -98,7 +98,7 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     from actorjet.registry import protocol as proto
     from actorjet.runtime.head import attach_root, lookup, status as head_status
 
-    (tmp_path / "job.toml").write_text(tiny_arith(steps=24, train="stall_s = 4.0"))
+    (tmp_path / "job.toml").write_text(tiny_arith(steps=16, train="stall_s = 4.0"))
     run = tmp_path / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])
@@ -127,8 +127,8 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
         assert data["restarts"].get(f"root/model.policy/{child}") == 1 and data["stalls_detected"] == healed
         after = pids()[f"root/model.policy/{child}"]
         assert after["pid"] != before[f"root/model.policy/{child}"]["pid"] and after["restarts"] == 1
-    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="24 learner steps")
-    assert status()["watchdog"] == "training finished at step 24"
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="16 learner steps")
+    assert status()["watchdog"] == "training finished at step 16"
     wait_until(lambda: status()["runners"][0]["state"] == "idle: training finished", 10, what="an idle runner")
     text = (run / "logs" / "head" / "actors.log").read_text()
     assert "watchdog: policy/engine stalled" in text and "watchdog: policy/gateway stalled" in text
@@ -145,19 +145,19 @@ def test_a_slow_evaluation_neither_stops_training_nor_gets_the_learner_restarted
 
     from actorjet.runtime.head import attach_root, status as head_status
 
-    job = tiny_arith(steps=12, eval_every=6, train="stall_s = 4.0", behavior="agents.flaky_arithmetic:behavior")
+    job = tiny_arith(steps=6, eval_every=6, train="stall_s = 4.0", behavior="agents.flaky_arithmetic:behavior")
     (tmp_path / "job.toml").write_text(job.replace('source = "agents.arithmetic"', 'source = "agents.flaky_arithmetic"'))
     swarm.env.update(AJ_FLAKY_EVAL_S="6", AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0")      # > stall_s
     run = tmp_path / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])
     status = lambda: head_status(*attach_root(port))  # noqa: E731
-    # finished = 12 steps trained and the last evaluation's line written (the learner says so)
-    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="12 learner steps, evaluated")
+    # finished = 6 steps trained and the last evaluation's line written (the learner says so)
+    wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="6 learner steps, evaluated")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if r["kind"] == "eval"]
     trained_before_first_eval = [r["step"] for r in rows if r["kind"] == "train" and r["time"] < evals[0]["time"]]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == 12, evals
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == 6, evals
     assert [e["step"] for e in evals] == sorted(e["step"] for e in evals)
     assert all(e["eval_time_s"] >= 6 for e in evals), evals
     assert len(trained_before_first_eval) >= 2, trained_before_first_eval       # training went on meanwhile
@@ -210,7 +210,7 @@ def test_the_learner_and_then_the_engine_sigkilled_at_random_moments_do_not_stop
     from killloop import kill_run
 
     seed = random.randrange(1_000_000)
-    out = kill_run(swarm, tmp_path / "kills", "learner+engine", random.Random(seed))
+    out = kill_run(swarm, tmp_path / "kills", "learner+engine", random.Random(seed), steps=16)
     assert out["killed_pid"] and out["reached_final_step"], (seed, out)
     assert out["thread_deaths"] == 0, (seed, out)
     assert out["replaced"] == ["root/model.policy/engine", "root/model.policy/learner"], (seed, out)   # both restarted
