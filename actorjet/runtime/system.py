@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -179,9 +180,31 @@ def shutdown_system(port: int, timeout_s: float = 10.0, token: str | None = None
 
 def reap(procs: list[psutil.Process], timeout_s: float) -> int:
     """Wait for a stopped system's processes; kill those still there after ``timeout_s``
-    (thespian gives up on an admin that does not answer its shutdown).  How many were killed."""
-    _, alive = psutil.wait_procs([p for p in procs if p.pid != os.getpid()], timeout=timeout_s)
+    (thespian gives up on an admin that does not answer its shutdown).  How many were killed.
+
+    A process that exited is done even while it is a zombie: the admin daemonizes, so its
+    parent is PID 1, and a container's PID 1 may reap late (here ~1.7 s after the exit, which
+    psutil.wait_procs waited for on every stop)."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in procs if p.pid != os.getpid()]
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _running(p)]
+        if alive:
+            time.sleep(0.05)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
     return len(alive)
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+    with contextlib.suppress(psutil.Error, ChildProcessError):
+        p.wait(0)                   # a child of this process: reap it here
+    return False
