@@ -141,7 +141,7 @@ class Swarm:
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        psutil.wait_procs(procs, timeout=5)
+        system.reap(procs, 5)           # gone, or a zombie its PID 1 has not reaped yet
         return [p.pid for p in procs]
 
     def kill_system(self, port: int, proc: Proc | None = None) -> list[int]:
@@ -154,7 +154,7 @@ class Swarm:
                 os.kill(pid, signal.SIGKILL)
         if proc is not None:
             proc.popen.wait(10)
-        psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=5)
+        system.reap([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 5)
         return pids
 
     def cleanup(self) -> None:

@@ -107,6 +107,10 @@ class Learner(ManagedActor):
         self._evaluate()      # step 0: the starting checkpoint's score
         self.announce(self.model_name, {"learner": None}, subscribe=True)
         self._send_counts()
+        if self.resumed:      # status says what a restart (a crash, a power cut) recovered
+            self.send(self.registry, proto.Resumed(self.model_name, self.step, self.version, pending))
+        if self.step >= self.train_cfg["steps"]:     # a finished run started again: it stays finished
+            self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, 0, done=True))
         self.ready: queue.Queue = queue.Queue(maxsize=1)     # the prefetched batch
         self.pulled = self.step            # batches taken (trained, training or prefetched)
         self.pulled_lock = threading.Lock()     # the prefetcher counts up, the actor counts down
@@ -176,6 +180,7 @@ class Learner(ManagedActor):
         the engine may still serve."""
         checkpoints = sorted((self.run_dir / "checkpoints" / self.model_name).glob("step_*/state.json"))
         published = [int(p.stem[1:]) for p in self.weights_dir.glob("v*.safetensors")]
+        self.resumed = bool(checkpoints or published)
         if checkpoints:
             from transformers import AutoModelForCausalLM
 

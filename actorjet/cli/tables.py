@@ -80,3 +80,6 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
         console.print(f"stalls: found {data['stalls_detected']}, healed {data.get('stalls_healed', 0)}")
     restarts = data.get("restarts", {})
     console.print("restarts: " + (", ".join(f"{k} {v}" for k, v in sorted(restarts.items())) or "none"))
+    for name, r in sorted(data.get("recovered", {}).items()):      # the learner's last (re)start
+        console.print(f"recovered: {name} resumed at step {r['step']} as weights v{r['weight_version']}, "
+                      f"{r['pending_again']} groups trained or taken after that step pending again")

@@ -98,6 +98,7 @@ class EpisodeDesk:
         self.untrained: dict[str, int] = {}          # model → complete groups its learner has not trained
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
         self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
+        self.recovered: dict[str, dict] = {}         # model → what its learner resumed from (Resumed)
         self.finished = False
 
     # -- dispatch -----------------------------------------------------------------------
@@ -110,6 +111,7 @@ class EpisodeDesk:
             m.RunnerDown: self.on_RunnerDown, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
             proto.StoreCounts: lambda msg, sender: self._latest(self.store_counts, msg.model, msg.counts),
             proto.EngineReplicas: lambda msg, sender: self._latest(self.replicas, msg.model, msg.replicas),
+            proto.Resumed: lambda msg, sender: self._latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
             proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.Quarantined: lambda msg, sender: self.counters.quarantine(msg.cause) or [],
             proto.ClientEvent: lambda msg, sender: self.route(self.leases.client_event(msg.event)),   # client mode
@@ -388,7 +390,7 @@ class EpisodeDesk:
                             "engine_replicas": self.replicas.get(k, {})}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
-                "training_finished": self.finished, "watchdog": self.watchdog_line(),
+                "training_finished": self.finished, "watchdog": self.watchdog_line(), "recovered": self.recovered,
                 **self.watchdog.status(time.time()),
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
 

@@ -139,6 +139,17 @@ class EpisodeActivity:
 
 
 @dataclass
+class Resumed:
+    """Learner → registry when it starts from what an earlier run (or its crashed self) left:
+    the checkpoint's step, the weight version it publishes, and how many groups the store made
+    pending again (trained or taken after that checkpoint).  ``status`` shows it (recovered)."""
+    model: str
+    step: int
+    weight_version: int
+    pending_again: int
+
+
+@dataclass
 class Trained:
     """Learner → registry after each optimizer step."""
     model: str
