@@ -13,6 +13,7 @@ import traceback
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
 from actorjet.runtime import endpoints, logs
+from actorjet.runtime.lineage import die_with_parent
 from actorjet.runtime import messages as m
 from actorjet.runtime.node import on_node
 
@@ -31,6 +32,12 @@ class ManagedActor(ActorTypeDispatcher):
     supervisor = None
     crashed = False              # set when a message handler raised: the exit that follows is a crash
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        die_with_parent()             # runs in the actor's own process, right after the fork
+        self.initialized = False
+        self._early: list = []        # our messages that came before Init, handled after it
+
     @property
     def stop_grace_s(self) -> float:
         """How long ``on_stop`` may wait for in-flight work (an HTTP server's requests).  After a
@@ -45,6 +52,11 @@ class ManagedActor(ActorTypeDispatcher):
 
     def receiveMessage(self, msg, sender):
         logs.ensure()
+        if not self.initialized and not isinstance(msg, m.Init) and type(msg).__module__.startswith("actorjet."):
+            # Init comes from the supervisor; others who know the address (a status query, a
+            # subscriber) may be faster, and this actor has no state to answer them with yet.
+            self._early.append((msg, sender))
+            return
         try:
             super().receiveMessage(msg, sender)
         except Exception as e:  # noqa: BLE001 - any failure means: restart me cleanly
@@ -63,6 +75,10 @@ class ManagedActor(ActorTypeDispatcher):
         self.on_init()
         if self.registry is not None:
             self.send(self.registry, where_i_run(self.path))
+        self.initialized = True
+        early, self._early = self._early, []
+        for early_msg, early_sender in early:
+            self.receiveMessage(early_msg, early_sender)
 
     def receiveMsg_ContextUpdate(self, msg: m.ContextUpdate, sender):
         self.context.update(msg.context)

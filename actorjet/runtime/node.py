@@ -17,6 +17,7 @@ from datetime import timedelta
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher, WakeupMessage
 
 from actorjet.runtime import frames, load, logs
+from actorjet.runtime.lineage import die_with_parent
 from actorjet.runtime import messages as m
 
 log = logs.log
@@ -37,6 +38,7 @@ class NodeAgent(ActorTypeDispatcher):
 
     def __init__(self):
         super().__init__()
+        die_with_parent()
         self.waiter = None
         self.outcome: m.Admission | None = None
         self.admission = ""
@@ -94,6 +96,10 @@ SILENCE_S = 5.0      # no heartbeat from the head for this long: say so in the n
 class NodeLink(ActorTypeDispatcher):
     """Also the node's witness of the head: a gap in its heartbeats (head lost, network cut)
     and their return are written to the node's own log, so an operator on the node sees it."""
+
+    def __init__(self):
+        super().__init__()
+        die_with_parent()
 
     def receiveMessage(self, msg, sender):
         logs.ensure()
