@@ -14,28 +14,10 @@ pytestmark = pytest.mark.slow
 HEADS = 30
 
 
-def quiet_port() -> int:
-    """A free port below Linux's ephemeral range (32768+): a port bound and released there can
-    be handed straight to one of the next system's own sockets (a head's client transport, an
-    actor's), and then its admin never comes up (seen once in a fresh clone's suite)."""
-    import random
-    import socket
-
-    while True:
-        port = random.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if not system.port_in_use("127.0.0.1", port):
-            return port
-
-
 def test_thirty_heads_stop_in_a_row_each_answered_and_leaving_nothing(tmp_path, trees):
     tree = load_tree(trees / "nodes.toml")
     for i in range(HEADS):
-        port = quiet_port()
+        port = system.free_port()     # below the ephemeral range: see its docstring
         head = Head(tmp_path / f"run{i}", tree, normalize({}), port=port, slots=1)
         head.start()
         try:
@@ -46,7 +28,7 @@ def test_thirty_heads_stop_in_a_row_each_answered_and_leaving_nothing(tmp_path, 
         finally:
             head.stop()
         assert not any("killed" in note for note in head.notes), (i, head.notes)
-        assert not [p for p in procs if system._running(p)], i
+        assert not [p for p in procs if system.still_running(p)], i
         assert not system.port_in_use("127.0.0.1", port), i
         log = tmp_path / f"run{i}" / "logs" / "head" / "thespian.log"
         text = log.read_text() if log.exists() else ""
