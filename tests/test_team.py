@@ -110,12 +110,23 @@ def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(s
         assert len(train) == SHARED_STEPS and all(r["publish_bytes"] < 1_000_000 for r in train)
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == model]
         print(f"{model}: held-out {evals}")
+    # Each is served by its own adapter: the engine's logprobs are its learner's (mean |ratio-1|
+    # per token 0.00–0.17 a step).  Served with the other's adapter, the rounder's ran 0.15–3.9
+    # (mean 0.8) while its held-out score still rose to 0.26: the score alone cannot tell.
+    train = {m: [r for r in rows if r["kind"] == "train" and r["model"] == m] for m in ("adder", "rounder")}
+    for model, steps in train.items():
+        ratio_dev = [r["ratio_dev"] for r in steps if "ratio_dev" in r]
+        assert sum(ratio_dev) / len(ratio_dev) < 0.15, (model, ratio_dev)
     # Each learns its own answer.  Margins from `python bench/spread.py shared_base` (20 steps,
     # 8 runs on a quiet machine and 4 beside a busy process, bench/results/spread_shared_base*.json):
-    # the rounder, whose reward the base rarely earns (4.9%), gained +20.7 … +56.8 points; the
-    # adder gained −2.0 … +22.5.  So: the rounder gains 10 points, and the adder keeps its answer
-    # (had it been served or trained with the rounder's adapter it would fall towards 5%).
+    # the rounder, whose reward the base rarely earns (4.9%), gained +20.7 … +56.8 held-out points
+    # at step 20; the adder −2.0 … +22.5.  One CI run's rounder peaked at step 10 (+18) and fell
+    # back (+2 at step 20), so the rounder is judged by its best held-out score and by its
+    # training reward (128 episodes a step: first 5 steps ~0.05, last 5 ~0.45 when it learns,
+    # ~0.14 when served the adder's adapter).  The adder keeps its answer.
     evals = {m: [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == m] for m in ("adder", "rounder")}
-    assert evals["rounder"][-1] > evals["rounder"][0] + 0.10, evals
+    assert max(evals["rounder"][1:]) > evals["rounder"][0] + 0.10, evals
+    reward = [r["reward_mean"] for r in train["rounder"]]
+    assert sum(reward[-5:]) / 5 > sum(reward[:5]) / 5 + 0.15, reward
     assert evals["adder"][-1] > evals["adder"][0] - 0.10, evals
 
