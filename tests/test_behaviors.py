@@ -74,7 +74,7 @@ def test_store_keeps_versions_across_restarts_and_knows_the_previous_one(tmp_pat
 
 def test_task_source_serves_the_stored_version_unless_the_config_changed(tmp_path):
     from actorjet.registry.behavior_store import BehaviorStore
-    from actorjet.registry.episodes import TaskSource
+    from actorjet.registry.task_source import TaskSource
 
     cfg = {"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}
     store = BehaviorStore(tmp_path)

@@ -20,6 +20,7 @@ from thespian.actors import WakeupMessage
 
 from actorjet.config import engine_of
 from actorjet.models.prepare import model_config_here, preload_libraries
+from actorjet import disk
 from actorjet.runtime import endpoints
 from actorjet.store import completed, episode_store
 from actorjet.serving.engine_client import ReplicaRouter, replica_services
@@ -64,6 +65,8 @@ class Gateway(ManagedActor):
         self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"], tls=True)
         self.announce(self.model, {"gateway": self.server.url + "/v1"}, subscribe=True)
         self.reported = 0.0
+        self.disk_reported = ""
+        self.closes_waiting: list[tuple[list, str]] = []
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
@@ -74,7 +77,21 @@ class Gateway(ManagedActor):
 
     def receiveMsg_CloseEpisodes(self, msg: proto.CloseEpisodes, sender):
         """Episodes that will never be trained: refuse their keys, free their calls."""
-        self.app.store.close([e for e in msg.episode_ids if isinstance(e, str)], str(getattr(msg, "cause", ""))[:300])
+        ids, cause = [e for e in msg.episode_ids if isinstance(e, str)], str(getattr(msg, "cause", ""))[:300]
+        if not self._store(self.app.store.close, ids, cause):
+            self.closes_waiting.append((ids, cause))        # the disk is full: closed when it has room
+
+    def _store(self, write, *args) -> bool:
+        """A store write from this actor; False on a full disk, which is reported
+        (actorjet/disk.py), never a crash (a restarted gateway would meet the same disk)."""
+        try:
+            write(*args)
+            return True
+        except Exception as e:
+            if not disk.is_full(e):
+                raise
+            self.app.disk_full = disk.describe(e, self.store.path)
+            return False
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         for event in self.events.drain():
@@ -93,11 +110,20 @@ class Gateway(ManagedActor):
             if self.store is not None and self.registry is not None:   # what the store judged (store/completed.py)
                 self.send(self.registry, proto.StoreNews(self.model, completed.news(self.store),
                                                          completed.untrained(self.store)))
+            if self.app.disk_full and self.store is not None and disk.has_room(self.store.path.parent):   # (no call may come to try)
+                self.app.disk_full = ""
+            while self.closes_waiting and not self.app.disk_full:
+                if not self._store(self.app.store.close, *self.closes_waiting[0]):
+                    break
+                self.closes_waiting.pop(0)
+            if self.app.disk_full != self.disk_reported and self.registry is not None:
+                self.disk_reported = self.app.disk_full
+                self.send(self.registry, proto.DiskFull(f"gateway.{self.model}", self.disk_reported))
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
 
     def receiveMsg_GroupsLogged(self, msg: proto.GroupsLogged, sender):
         if self.store is not None:
-            completed.told(self.store, [g for g in msg.group_ids if isinstance(g, str)])
+            self._store(completed.told, self.store, [g for g in msg.group_ids if isinstance(g, str)])
 
     def receiveMsg_Stall(self, msg: proto.Stall, sender):
         self.server.block(msg.seconds)

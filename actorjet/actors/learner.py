@@ -7,11 +7,8 @@ trains → drop sampled tokens staler than ``max_staleness`` versions → one GR
 the groups trained at this step → publish weights as version v+1 (serving/weights.py: the
 adapter alone with LoRA, rl/lora.py) → tell the engine
 (LoadWeights) and the registry (Trained, the metrics line, the store's counts) → every
-``eval_every`` steps a held-out evaluation, every ``checkpoint_every`` steps a checkpoint.
-Evaluations run on a copy of the weights in a thread of their own while training goes on
-(a multi-turn evaluation of a real model takes minutes: run inline it stopped training, and
-the watchdog took the quiet learner for a stuck one); training counts as finished when the
-last one's line is in.
+``eval_every`` steps a held-out evaluation (in a thread: models/evaluations.py), every
+``checkpoint_every`` steps a checkpoint.  On a full disk a step's writes wait (actorjet/disk.py).
 The store, the weights and the checkpoints are on the learner's own node (its model subtree
 may be placed on a GPU node); nothing here reads a file of the head's.  A (re)started
 learner rewinds the store to its checkpoint and simply pulls again.
@@ -19,12 +16,10 @@ A frozen model (``trainable = false``) gets no learner in the tree.
 """
 from __future__ import annotations
 
-import copy
 import json
 import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -33,9 +28,9 @@ import torch
 
 from actorjet.config import engine_of
 from actorjet.serving.engine_client import replica_services
-from actorjet.models import checkpoint_retention
+from actorjet.models import checkpoint_retention, checkpoint_write
 from actorjet.models.prepare import model_config_here, preload_libraries
-from actorjet.models.evaluate import greedy_accuracy
+from actorjet.models.evaluations import Evaluations
 from actorjet.models.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
 from actorjet.store import episode_store
@@ -44,6 +39,7 @@ from actorjet.rl import align, drift, exact_attention, lora
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
+from actorjet import disk
 from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
@@ -88,6 +84,9 @@ class Learner(ManagedActor):
         self.engines: dict[str, tuple] = {}      # replica → (engine address, weights receiver URL or None)
         self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
+        self.finishing: dict | None = None     # a step (or a resumed version) whose writes wait for space
+        self.disk_causes = {"step": "", "prefetch": ""}      # why the learner cannot write (actorjet/disk.py)
+        self.disk_reported = ""
         self._resume()
         self.store = episode_store.EpisodeStore(episode_store.path_for(self.run_dir, self.model_name))
         pending = self.store.rewind(self.step)
@@ -99,11 +98,9 @@ class Learner(ManagedActor):
                                     fill_after_s=float(self.train_cfg.get("fill_after_s", 0.5)),
                                     prepare=self._prepare)
         split = self.cfg["eval_split"]
-        self.evals = [(t["name"], spec) for t in job["tasks"]
-                      if (spec := eval_spec(t["source"], self.model_name, split))]
-        self.eval_pool = ThreadPoolExecutor(1, thread_name_prefix=f"eval.{self.model_name}")   # in step order
-        self.evals_running: list[Future] = []
-        self.eval_tokenizer = copy.deepcopy(self.tokenizer)     # a fast tokenizer is not for two threads
+        self.evals = Evaluations(self.model_name, [(t["name"], spec) for t in job["tasks"]
+                                                   if (spec := eval_spec(t["source"], self.model_name, split))],
+                                 self.tokenizer, self.cfg)
         self._evaluate()      # step 0: the starting checkpoint's score
         self.announce(self.model_name, {"learner": None}, subscribe=True)
         self._send_counts()
@@ -197,7 +194,8 @@ class Learner(ManagedActor):
             self.step = state["step"]
         if checkpoints or published:
             self.version = max([self.version] + published) + 1
-            self._publish()
+            self.finishing = {"stage": "publish"}        # no batch: only the version to publish
+            self._finish_step()
             log.info("%s resumed at step %d as weight version %d", self.model_name, self.step, self.version)
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
@@ -225,7 +223,15 @@ class Learner(ManagedActor):
             if enough:
                 self.stopping.wait(IDLE_S)
                 continue
-            batch = next_batch(self.store, self.batching)
+            try:
+                batch = next_batch(self.store, self.batching)
+                self.disk_causes["prefetch"] = ""
+            except Exception as e:     # claiming groups is a write: a full disk waits, never kills
+                if not disk.is_full(e):
+                    raise
+                self.disk_causes["prefetch"] = f"cannot claim groups: {disk.describe(e, self.store.path)}"
+                self.stopping.wait(disk.RETRY_S)
+                continue
             if batch is None:
                 self.stopping.wait(IDLE_S)
                 continue
@@ -241,6 +247,12 @@ class Learner(ManagedActor):
 
     def receiveMsg_WakeupMessage(self, msg, sender):
         self._report_evals()
+        if self.finishing is not None:             # paused on a full disk: try again, pull nothing
+            self._finish_step()
+            self._report_disk()
+            self.wakeupAfter(timedelta(seconds=POLL_S if self.finishing is None else disk.RETRY_S))
+            return
+        self._report_disk()
         try:
             batch = self.ready.get_nowait()
         except queue.Empty:
@@ -296,54 +308,67 @@ class Learner(ManagedActor):
             return
         times.published = time.perf_counter()
         self.step += 1
-        self.store.trained(group_ids, self.step)
         self.version += 1
-        pushed_s = self._deliver(self._publish())
-        times.done = time.perf_counter()
-        done = self.step >= self.train_cfg["steps"]
+        self.finishing = {"stage": "record", "batch": batch, "fresh": fresh, "info": info, "times": times}
+        self._finish_step()
+
+    def _finish_step(self) -> None:
+        """What a trained step writes, in order: the groups marked trained, the new weight
+        version (then the engines told), the metrics line and Trained, a checkpoint when due.
+        A full disk stops it where it failed; the wakeup tries that again every RETRY_S and
+        no batch is pulled meanwhile: training pauses, and goes on by itself (actorjet/disk.py)."""
+        f, done = self.finishing, self.step >= self.train_cfg["steps"]
+        try:
+            if f["stage"] == "record":
+                self.store.trained(f["batch"]["group_ids"], self.step)
+                f["stage"] = "publish"
+            if f["stage"] == "publish":
+                f["pushed_s"] = self._deliver(self._publish())
+                if "times" in f:
+                    f["times"].done = time.perf_counter()
+                f["stage"] = "report" if "batch" in f else "done"
+            if f["stage"] == "report":
+                self._report_step(f, done)
+                f["stage"] = "checkpoint"
+            if f["stage"] == "checkpoint" and (self.step % self.cfg["checkpoint_every"] == 0 or done):
+                self._checkpoint()
+        except Exception as e:
+            if not disk.is_full(e):
+                raise
+            self.disk_causes["step"] = f"step {self.step} waits to {f['stage']}: {disk.describe(e)}" \
+                if "batch" in f else f"the resumed weights v{self.version} wait to be published: {disk.describe(e)}"
+            return
+        self.finishing, self.disk_causes["step"] = None, ""
+
+    def _report_step(self, f: dict, done: bool) -> None:
+        batch = f["batch"]
         tasks = {t: v["groups"] for t, v in batch["stats"].get("by_task", {}).items()}
-        record = step_record(self.model_name, self.step, self.version, batch, fresh, info, times,
-                             self.published_bytes, pushed_s)
+        record = step_record(self.model_name, self.step, self.version, batch, f["fresh"], f["info"], f["times"],
+                             self.published_bytes, f["pushed_s"])
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)
-        self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, len(group_ids), done, tasks,
-                                           evaluating=done and bool(self.evals_running)))
+        self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, len(batch["group_ids"]),
+                                               done, tasks, evaluating=done and bool(self.evals.running)))
         self._send_counts()
-        if self.step % self.cfg["checkpoint_every"] == 0 or done:
-            self._checkpoint()
+
+    def _report_disk(self) -> None:
+        cause = "; ".join(c for c in self.disk_causes.values() if c)
+        if cause != self.disk_reported:
+            (log.error if cause else log.info)("%s: %s", self.model_name, cause or "the disk has room again")
+            self.disk_reported = cause
+            self.send(self.registry, proto.DiskFull(f"learner.{self.model_name}", cause))
 
     def _evaluate(self, last: bool = False) -> None:
-        """Held-out accuracy of the weights as they are now, on every task that has an eval
-        set: scored on a copy in the eval thread, reported by a later wakeup when done (never
-        waited for in the actor: what it sends leaves only when its handler returns, so a
-        learner waiting here looks stuck to the watchdog).  ``last``: never skipped; the
-        registry counts training finished when its line arrives."""
+        """Held-out accuracy of the weights as they are now (models/evaluations.py: in a thread,
+        reported by a later wakeup; ``last`` is never skipped)."""
         self._report_evals()
-        if self.evals and len(self.evals_running) >= 2 and not last:     # one scoring, one waiting:
+        if not self.evals.start(self.model, self.step, self.version, last) and self.evals.specs:
             log.info("%s step %d: held-out evaluation skipped, two are still running", self.model_name, self.step)
-            return                                                        # no pile of weight copies
-        if self.evals:
-            weights_now = copy.deepcopy(self.model)
-            self.evals_running.append(self.eval_pool.submit(self._score, weights_now, self.step, self.version))
-
-    def _score(self, model, step: int, version: int) -> list[dict]:
-        """In the eval thread: one metrics line per task."""
-        records = []
-        for task, spec in self.evals:
-            t0 = time.perf_counter()
-            acc = greedy_accuracy(model, self.eval_tokenizer, spec, self.cfg["eval_max_tokens"],
-                                  tool_parser=self.cfg.get("tool_parser", ""))
-            records.append({"kind": "eval", "model": self.model_name, "task": task, "split": self.cfg["eval_split"],
-                            "step": step, "weight_version": version, "accuracy": acc,
-                            "eval_time_s": time.perf_counter() - t0})
-        return records
 
     def _report_evals(self) -> None:
-        """Send the lines of finished evaluations, oldest first (an evaluation that failed
-        raises here, in the actor: the learner restarts, as it did when evaluation was inline)."""
-        while self.evals_running and self.evals_running[0].done():
-            records = self.evals_running.pop(0).result()
+        """Send the lines of finished evaluations, oldest first, and score their checkpoints."""
+        for records in self.evals.finished():
             for record in records:
                 self._metric(record)
                 checkpoint_retention.record_score(self.run_dir / "checkpoints" / self.model_name, record["step"],
@@ -357,12 +382,10 @@ class Learner(ManagedActor):
         self.send(self.registry, m.Metric({"time": time.time(), **record}))
 
     def _checkpoint(self) -> None:
-        out = self.run_dir / "checkpoints" / self.model_name / f"step_{self.step:06d}"
-        out.mkdir(parents=True, exist_ok=True)
-        (self.peft or self.model).save_pretrained(out)        # with LoRA: the adapter, in peft's format
-        self.tokenizer.save_pretrained(out)
-        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
-        (out / "state.json").write_text(json.dumps({"step": self.step, "weight_version": self.version}))
+        folder = self.run_dir / "checkpoints" / self.model_name
+        checkpoint_write.write(folder, self.step, self.version, self.peft or self.model, self.tokenizer,
+                               self.optimizer)          # with LoRA: the adapter, in peft's format
+        out = folder / f"step_{self.step:06d}"
         gone = checkpoint_retention.prune(out.parent, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
         if gone:
             log.info("%s: checkpoints of steps %s deleted (keeping the newest %d and the best %d)", self.model_name,
@@ -377,8 +400,8 @@ class Learner(ManagedActor):
                      self.step, gone["groups"], gone["episodes"], f", appended to {archive}" if archive else "")
 
     def on_stop(self) -> None:
-        if getattr(self, "eval_pool", None) is not None:
-            self.eval_pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "evals", None) is not None:
+            self.evals.shutdown()
         if getattr(self, "stopping", None) is not None:
             self.stopping.set()
             self.prefetcher.join(timeout=5)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -10,6 +11,8 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
     line = data.get("watchdog", "")
     if line:
         console.print(("[bold red]" if line.startswith("stalled") else "[bold]") + line + "[/]")
+    if data.get("paused"):                      # a full disk (actorjet/disk.py)
+        console.print("[bold red]" + escape(data["paused"]) + "[/]")
     nodes = Table(title="nodes")
     for col in ("name", "node_id", "alive", "slots", "cpus", "gpus", "note"):
         nodes.add_column(col)

@@ -11,8 +11,14 @@ that evaluation finishes: evaluations run after the step, in their own thread).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import logging
 from pathlib import Path
+
+from actorjet import disk
+
+log = logging.getLogger("actorjet")
 
 
 def to_delete(steps: list[int], scores: dict[int, float], keep_last: int, keep_best: int) -> list[int]:
@@ -30,8 +36,23 @@ def record_score(folder: Path, step: int, accuracy: float) -> None:
     if not (out / "state.json").exists():
         return
     path = out / "score.json"
-    known = json.loads(path.read_text()) if path.exists() else []
-    path.write_text(json.dumps(known + [accuracy]))
+    partial = out / "score.json.partial"       # replaced whole: a full disk never tears it
+    try:
+        partial.write_text(json.dumps(_scores(path) + [accuracy]))
+        os.replace(partial, path)
+    except OSError as e:                        # a full disk: this checkpoint is not ranked by score
+        if not disk.is_full(e):
+            raise
+        partial.unlink(missing_ok=True)
+        log.warning("the held-out score of %s could not be written: %s", out, e)
+
+
+def _scores(path: Path) -> list[float]:
+    try:
+        values = json.loads(path.read_text()) if path.exists() else []
+    except (ValueError, OSError):
+        return []
+    return [v for v in values if isinstance(v, (int, float))] if isinstance(values, list) else []
 
 
 def prune(folder: Path, keep_last: int, keep_best: int) -> list[int]:
@@ -40,11 +61,9 @@ def prune(folder: Path, keep_last: int, keep_best: int) -> list[int]:
     for state in folder.glob("step_*/state.json"):
         step = int(state.parent.name.removeprefix("step_"))
         steps.append(step)
-        score = state.parent / "score.json"
-        if score.exists():
-            values = json.loads(score.read_text())
-            if values:
-                scores[step] = sum(values) / len(values)
+        values = _scores(state.parent / "score.json")
+        if values:
+            scores[step] = sum(values) / len(values)
     gone = to_delete(steps, scores, keep_last, keep_best)
     for step in gone:
         shutil.rmtree(folder / f"step_{step:06d}", ignore_errors=True)

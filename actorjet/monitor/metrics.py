@@ -5,11 +5,39 @@ import json
 import time
 from pathlib import Path
 
+from actorjet import disk
 
-def append(run_dir: str | Path, record: dict) -> None:
-    record = {"time": time.time(), **record}
-    with open(Path(run_dir) / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
+
+class Writer:
+    """Appends lines to RUN_DIR/metrics.jsonl, each whole or not at all.  On a full disk the
+    lines wait here (up to ``MAX_WAITING``, then the oldest waiting are dropped and counted)
+    and go out, in order, with the next write that finds space: ``cause`` says why they wait."""
+
+    MAX_WAITING = 100_000
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.waiting: list[bytes] = []
+        self.dropped = 0
+        self.cause = ""
+
+    def write(self, record: dict | None = None) -> str:
+        """Add a line (None: only retry what waits); returns the disk-full cause, or ""."""
+        if record is not None:
+            self.waiting.append((json.dumps({"time": time.time(), **record}) + "\n").encode())
+            if len(self.waiting) > self.MAX_WAITING:
+                self.dropped += len(self.waiting) - self.MAX_WAITING
+                del self.waiting[:len(self.waiting) - self.MAX_WAITING]
+        if self.waiting:
+            try:
+                disk.append_whole(self.path, b"".join(self.waiting))
+                self.waiting.clear()
+                self.cause = ""
+            except OSError as e:
+                if not disk.is_full(e):
+                    raise
+                self.cause = f"{len(self.waiting)} metrics lines wait: {disk.describe(e, self.path)}"
+        return self.cause
 
 
 def read(run_dir: str | Path) -> list[dict]:

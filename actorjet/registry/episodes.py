@@ -10,18 +10,18 @@ it must know of the registry (placed runners, restart counts) is handed to it.
 """
 from __future__ import annotations
 
-import importlib
 import time
 from collections import deque
 
-from actorjet import behaviors
 from actorjet.monitor import metrics, tensorboard_events
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.counters import Counters
 from actorjet.registry.group_log import GroupLog
 from actorjet.registry.leases import LeaseDesk, Out
+from actorjet.registry.task_source import TaskSource
 from actorjet.registry.upgrades import UpgradeDesk
 from actorjet.registry.watchdog import Watchdog
+from actorjet import disk
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
@@ -30,41 +30,6 @@ QUIET_RUNNER_S = 10.0     # a placed runner that asked for no work this long is 
 RECENT_STEPS = 60         # learner steps per model kept for status / `actorjet top`
 RECENT_KEYS = ("step", "time", "reward_mean", "batch_wait_s", "train_s", "publish_s", "step_time_s",
                "staleness_mean", "tokens", "token_ratio", "by_task")
-
-
-def load_function(ref: str):
-    module_name, _, name = ref.partition(":")
-    module = importlib.import_module(module_name)
-    return module, getattr(module, name)
-
-
-class TaskSource:
-    """A task stream and its behavior.  The behavior is named after the task, and its live
-    version comes from the store: after a restart the upgraded code keeps running, unless
-    the job config now names a different function (then that becomes a new version)."""
-
-    def __init__(self, cfg: dict, seed: int, secret: str, store: BehaviorStore):
-        self.name, self.cfg, self.secret = cfg["name"], cfg, secret
-        self.behavior = self.name
-        self.weight, self.state, self.issued = float(cfg.get("weight", 1.0)), "active", 0
-        self.tasks = importlib.import_module(cfg["source"]).tasks(seed)
-        current = store.current(self.name)
-        if current is None or store.index(self.name).get("config") != cfg["behavior"]:
-            module, fn = load_function(cfg["behavior"])
-            current = store.add(self.name, behaviors.pickle_function(module, fn), cfg["behavior"])
-            store.set_config(self.name, cfg["behavior"])
-            store.activate(self.name, current)
-        self.set_version(current, store.blob(self.name, current))
-
-    def set_version(self, version: int, blob: bytes) -> None:
-        self.version = version
-        self.payload = behaviors.sign(self.secret, self.name, version, blob)
-
-    def payload_for(self, version: int, store: BehaviorStore) -> dict:
-        """A retried group keeps the version it started with, even after an upgrade."""
-        if version == self.version:
-            return self.payload
-        return behaviors.sign(self.secret, self.name, version, store.blob(self.name, version))
 
 
 class EpisodeDesk:
@@ -92,6 +57,8 @@ class EpisodeDesk:
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
         self.tb = tensorboard_events.EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
+        self.metrics = metrics.Writer(self.run_dir) if self.run_dir else None
+        self.full_disks = disk.FullDisks()            # who cannot write for want of space (DiskFull)
         self.batch_groups = int(train.get("groups_per_step", 1))
         self.subscribers: list = []
         self.group_log = GroupLog(self.run_dir)       # RUN_DIR/groups.jsonl, from the stores' news
@@ -112,6 +79,7 @@ class EpisodeDesk:
             proto.StoreCounts: lambda msg, sender: self._latest(self.store_counts, msg.model, msg.counts),
             proto.EngineReplicas: lambda msg, sender: self._latest(self.replicas, msg.model, msg.replicas),
             proto.Resumed: lambda msg, sender: self._latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
+            proto.DiskFull: lambda msg, sender: self.full_disks.report(str(msg.who), str(msg.cause)) or [],
             proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.Quarantined: lambda msg, sender: self.counters.quarantine(msg.cause) or [],
             proto.ClientEvent: lambda msg, sender: self.route(self.leases.client_event(msg.event)),   # client mode
@@ -210,6 +178,8 @@ class EpisodeDesk:
         self.upgrades.runner_versions[msg.runner_id] = dict(msg.behaviors)
         if self.finished:
             return self._no_work(msg, sender, 2.0, "training finished")
+        if self.full_disks.paused:
+            return self._no_work(msg, sender, disk.RETRY_S, "paused: disk full")
         if not self.sources or not urls or not self.models or not self.serving(urls):
             return self._no_work(msg, sender, 0.2, "models not ready")
         leases = self.leases.lease(self.sources, msg.runner_id, msg.max_groups, self._consumed(), urls,
@@ -257,6 +227,7 @@ class EpisodeDesk:
         """A gateway's store judged these groups complete (groups.jsonl; the gateway marks them
         told when it hears back) and holds this many its learner has not trained (the backlog)."""
         groups = self.group_log.add(msg.completed if isinstance(msg.completed, list) else [])
+        self.full_disks.report("registry (groups.jsonl)", self.group_log.cause)
         if isinstance(msg.untrained, int):
             self.untrained[str(msg.model)] = msg.untrained
         return [(sender, proto.GroupsLogged(groups))] if groups else []
@@ -270,6 +241,8 @@ class EpisodeDesk:
         return self.route(self.leases.lost(runners, "node lost"))
 
     def tick(self) -> Out:
+        if self.metrics is not None and self.metrics.waiting:
+            self.full_disks.report("registry (metrics.jsonl)", self.metrics.write())
         return self.upgrades.tick() + self.route(self.leases.tick()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
@@ -361,13 +334,18 @@ class EpisodeDesk:
         return []
 
     def _record(self, record: dict) -> None:
-        """A metrics line: metrics.jsonl on the head, and TensorBoard when asked for."""
+        """A metrics line: metrics.jsonl on the head, and TensorBoard when asked for (a line
+        that meets a full disk waits in the writer; TensorBoard, a second view, skips it)."""
         if not self.run_dir:
             return
         record = {"time": time.time(), **record}
-        metrics.append(self.run_dir, record)
-        if self.tb is not None:
-            self.tb.write(record)
+        self.full_disks.report("registry (metrics.jsonl)", self.metrics.write(record))
+        if self.tb is not None and not self.metrics.cause:
+            try:
+                self.tb.write(record)
+            except OSError as e:
+                if not disk.is_full(e):
+                    raise
 
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:
@@ -391,6 +369,7 @@ class EpisodeDesk:
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
                 "training_finished": self.finished, "watchdog": self.watchdog_line(), "recovered": self.recovered,
+                "disk_full": dict(self.full_disks.reports), "paused": self.full_disks.line(),
                 **self.watchdog.status(time.time()),
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
 

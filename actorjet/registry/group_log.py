@@ -13,6 +13,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from actorjet import disk
+
 REMEMBER = 100_000     # group ids kept to write each line once (~10 MB at most)
 
 
@@ -20,9 +22,11 @@ class GroupLog:
     def __init__(self, run_dir: str | Path | None):
         self.path = Path(run_dir) / "groups.jsonl" if run_dir else None
         self.seen: OrderedDict[str, None] = OrderedDict()
+        self.cause = ""        # why the last lines could not be written (a full disk), or ""
 
     def add(self, groups: list) -> list[str]:
-        """Append the groups not written yet; returns the ids of all it has (written now or before)."""
+        """Append the groups not written yet; returns the ids of all it has (written now or before).
+        On a full disk the new ones are not returned: their gateway tells them again."""
         new, ids = [], []
         for g in groups:
             if not isinstance(g, dict) or not isinstance(g.get("group_id"), str):
@@ -35,6 +39,14 @@ class GroupLog:
             self.seen.popitem(last=False)
         if new and self.path is not None:
             now = round(time.time(), 3)
-            with open(self.path, "a") as f:
-                f.writelines(json.dumps(dict(g, t=now)) + "\n" for g in new)
+            try:
+                disk.append_whole(self.path, "".join(json.dumps(dict(g, t=now)) + "\n" for g in new).encode())
+            except OSError as e:
+                if not disk.is_full(e):
+                    raise
+                self.cause = disk.describe(e, self.path)
+                for g in new:
+                    self.seen.pop(g["group_id"], None)
+                return [i for i in ids if i in self.seen]
+        self.cause = ""
         return ids

@@ -150,6 +150,15 @@ class Resumed:
 
 
 @dataclass
+class DiskFull:
+    """Any writer of the run directory → registry: ``who`` (e.g. "gateway.MODEL") could not
+    write for want of space (``cause``), or can again (``cause=""``).  While any report
+    stands no episode is leased (actorjet/disk.py)."""
+    who: str
+    cause: str
+
+
+@dataclass
 class Trained:
     """Learner → registry after each optimizer step."""
     model: str

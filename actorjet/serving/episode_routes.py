@@ -7,7 +7,6 @@ goes to every trainable model's store, since the episode may have called them al
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
@@ -37,8 +36,7 @@ class EpisodeRoutes:
         group, clean = check_results(await api.read_json(request), self.gw.secret)
         if not self.gw.record:
             return web.json_response({"stored": 0, "refused": []})
-        refused = await asyncio.get_running_loop().run_in_executor(
-            self.gw.writer, self.gw.store.put_results, group, clean)
+        refused = await self.gw.write(self.gw.store.put_results, group, clean)
         return web.json_response({"stored": len(clean) - len(refused), "refused": refused})
 
     async def open_episode(self, request):
@@ -53,8 +51,7 @@ class EpisodeRoutes:
             raise ApiError(400, "'task' is over 100 kB of JSON", "task")
         episode_id = f"c{uuid.uuid4().hex[:16]}"
         key = signing.mint_key(self.gw.secret, episode_id)
-        await asyncio.get_running_loop().run_in_executor(
-            self.gw.writer, self.gw.store.open_client, episode_id, f"c_{group or episode_id}", size)
+        await self.gw.write(self.gw.store.open_client, episode_id, f"c_{group or episode_id}", size)
         self.gw.outbox({"event": "open", "episode_id": episode_id, "task": body.get("task"),
                      "group": body.get("group"), "group_size": body.get("group_size", 1)})
         return web.json_response({"episode_id": episode_id, "api_key": key, "model": self.gw.model,
@@ -74,11 +71,10 @@ class EpisodeRoutes:
         if why:      # NaN, infinity, a string, a nested object: refused here, never a poisoned batch
             raise ApiError(400, f"'reward': {why.removeprefix('invalid reward: ')}; e.g. 1.0 or "
                            "{\"proposer\": 1.0}", "reward")
-        loop = asyncio.get_running_loop()
         if verb == "abort":           # nothing will train on it: refuse its key, free its calls now
-            await loop.run_in_executor(self.gw.writer, self.gw.store.close, [episode_id])
+            await self.gw.write(self.gw.store.close, [episode_id])
         else:
-            known = await loop.run_in_executor(self.gw.writer, self.gw.store.client_group, episode_id)
+            known = await self.gw.write(self.gw.store.client_group, episode_id)
             if known is None:
                 raise ApiError(409, f"episode {episode_id} was opened at another gateway: end it there",
                                code="wrong_gateway")
@@ -86,7 +82,7 @@ class EpisodeRoutes:
                      "version": 0}
             episode = {"episode_id": episode_id, "member": episode_id, "reward": reward}
             if self.gw.record:
-                await loop.run_in_executor(self.gw.writer, self.gw.store.put_results, group, [episode])
+                await self.gw.write(self.gw.store.put_results, group, [episode])
             await self._tell_peers(group, dict(episode, api_key=request.headers["Authorization"][7:].strip()))
         self.gw.outbox({"event": verb, "episode_id": episode_id})     # the reward stays in the stores
         return web.json_response({"ok": True})

@@ -29,6 +29,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from actorjet import signing
+from actorjet import disk
 from actorjet.serving import openai_api as api
 from actorjet.serving import messages_api, tool_calls
 from actorjet.serving.batching_engine import GenRequest, GenResult, RequestFailed
@@ -77,6 +78,7 @@ class GatewayApp:
         self.renderer = Renderer(tokenizer)                 # chat messages → ids, O(new tokens) per call
         self.active: set[str] = set()        # episodes seen since the actor last reported them (idle limit)
         self.calling: dict[str, int] = {}    # episodes with a call in the engine now (active too)
+        self.disk_full = ""                  # why the last store write failed for want of space
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024,
@@ -99,7 +101,19 @@ class GatewayApp:
         if isinstance(e, EngineUnavailable):
             return ApiError(503, f"the engine is not available right now ({e}); retry shortly",
                             kind="server_error", code="engine_unavailable", headers={"Retry-After": "1"})
+        if disk.is_full(e):          # nothing was recorded, so nothing is answered (actorjet/disk.py)
+            self.disk_full = disk.describe(e, self.store.path)
+            return ApiError(503, f"the disk of this model's episode store is full ({self.disk_full}): nothing "
+                            "was recorded; retry once space is freed", kind="server_error", code="disk_full",
+                            headers={"Retry-After": str(int(disk.RETRY_S))})
         return None
+
+    async def write(self, fn, *args):
+        """A store write in the writer thread (one at a time, after the calls it may follow).
+        A full disk raises (a 503 by ``_translate``); a write that succeeds clears it."""
+        result = await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
+        self.disk_full = ""
+        return result
 
     # -- helpers ------------------------------------------------------------------------
     def _episode(self, request) -> str:
@@ -221,6 +235,7 @@ class GatewayApp:
                 if write.exception() is not None:
                     done.set_exception(write.exception())
                 else:
+                    self.disk_full = ""
                     done.set_result(None)
             if self._next_flush is not None:
                 self._start_flush()

@@ -111,8 +111,11 @@ def publish(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[s
             if t.device.type != "cpu" or not t.is_contiguous():
                 t = t.to("cpu").contiguous()
             _pwrite(fd, _bytes(t), start + header[name]["data_offsets"][0])
-    finally:
+    except BaseException:          # a full disk: the partial file's pages go back
         os.close(fd)
+        partial.unlink(missing_ok=True)
+        raise
+    os.close(fd)
     os.replace(partial, path)
     return start + offset
 

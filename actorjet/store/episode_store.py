@@ -180,8 +180,13 @@ class EpisodeStore:
             records, self.buffer = self.buffer, []
             if records:
                 rows = [records_mod.encode(r, self.tails) for r in records if r.episode_id not in self.closed]
-                with self._tx() as db:
-                    db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+                try:
+                    with self._tx() as db:
+                        db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+                except sqlite3.Error:      # not written (a full disk): later calls must not refer to them
+                    for r in records:
+                        self.tails.forget(r.episode_id)
+                    raise
             return len(records)
 
     def calls(self, episode_ids: list[str]) -> dict[str, list[dict]]:

@@ -1,0 +1,200 @@
+"""A full disk in the middle of training: the run directory sits on a small tmpfs, and a
+ballast file fills it while the learner steps.  The gateway's call records, the episode
+store, the learner's weight versions, store updates and checkpoints, and the metrics writer
+all meet ENOSPC.  Training pauses with one status line (no crash loop, no silent stall),
+nothing already written is damaged, and once the ballast is gone training finishes by
+itself with every step's line in metrics.jsonl."""
+import contextlib
+import json
+import sqlite3
+import subprocess
+import time
+
+import pytest
+import torch
+from rich.console import Console
+from safetensors.torch import save_file
+
+import jobs
+from actorjet.cli.tables import print_status
+from actorjet.models import checkpoint_write
+from actorjet.monitor import metrics
+from actorjet.registry.group_log import GroupLog
+from actorjet import disk
+from actorjet.serving import weights
+from actorjet.store.records import CallRecord
+from actorjet.runtime.head import attach_root, status as head_status
+from actorjet.store.episode_store import EpisodeStore
+from swarm import REPO, wait_until
+
+STEPS, GROUPS, EVERY = 16, 4, 2
+
+
+@contextlib.contextmanager
+def tmpfs(folder, size: str):
+    """A tmpfs of its own (a disk that can fill without filling this machine's)."""
+    folder.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True, text=True)
+    if made.returncode:
+        pytest.skip(f"mounting a tmpfs needs root: {made.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "256m") as folder:
+        yield folder
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "4m") as folder:
+        yield folder
+
+
+def fill(folder) -> int:
+    """Write a ballast file until the disk is full; returns its size."""
+    with open(folder / "ballast", "wb") as f:
+        block, size = b"\0" * (1 << 20), 0
+        try:
+            while True:
+                size += f.write(block)
+                f.flush()
+        except OSError:
+            pass
+    return size
+
+
+def test_metrics_and_group_lines_wait_whole_and_go_out_when_space_is_freed(tiny_disk):
+    writer, groups = metrics.Writer(tiny_disk), GroupLog(tiny_disk)
+    assert writer.write({"kind": "train", "step": 1}) == "" and groups.add([{"group_id": "g1"}]) == ["g1"]
+    fill(tiny_disk)
+    cause = writer.write({"kind": "train", "step": 2, "pad": "x" * 100_000})
+    assert "No space left on device" in cause and len(writer.waiting) == 1
+    assert groups.add([{"group_id": "g1"}, {"group_id": "g2", "pad": "x" * 100_000}]) == ["g1"]   # g2: told again
+    assert "No space left on device" in groups.cause
+    assert [r["step"] for r in metrics.read(tiny_disk)] == [1]              # no torn line
+    (tiny_disk / "ballast").unlink()
+    assert writer.write({"kind": "train", "step": 3}) == "" and not writer.waiting
+    rows, bad = metrics.read_counted(tiny_disk)
+    assert [r["step"] for r in rows] == [1, 2, 3] and bad == 0                # in order, each once
+    assert groups.add([{"group_id": "g2"}]) == ["g2"] and groups.cause == ""
+    assert [json.loads(line)["group_id"] for line in (tiny_disk / "groups.jsonl").read_text().splitlines()] == ["g1", "g2"]
+
+
+def test_weights_and_checkpoints_that_do_not_fit_leave_nothing_behind(tiny_disk):
+    """A version or checkpoint bigger than the room left fails as a full disk (torch.save hides
+    the OS error: it is named from the room left), leaves no partial file, and gives the room
+    back; what was written before is untouched."""
+    small = {"w": torch.ones(1000)}
+    weights.publish(small, tiny_disk / "v000001.safetensors")
+    big = {"w": torch.ones(2_000_000)}                                        # 8 MB on a 4 MB disk
+    with pytest.raises(OSError) as e:
+        weights.publish(big, tiny_disk / "v000002.safetensors")
+    assert disk.is_full(e.value) and sorted(p.name for p in tiny_disk.iterdir()) == ["v000001.safetensors"]
+    loaded = {"w": torch.zeros(1000)}
+    weights.load_into(loaded, tiny_disk / "v000001.safetensors")
+    assert torch.equal(loaded["w"], small["w"])
+
+    class Saver:              # what save_pretrained does for a model (or a tokenizer): its files
+        def __init__(self, n, name="model"):
+            self.tensors, self.name = {"w": torch.ones(n)}, name
+
+        def save_pretrained(self, folder):
+            save_file(self.tensors, folder / f"{self.name}.safetensors")
+
+    params = [torch.nn.Parameter(torch.ones(400_000))]                       # 1.6 MB; AdamW's state 3.2 MB more
+    optimizer = torch.optim.AdamW(params)
+    params[0].grad = torch.ones(400_000)
+    optimizer.step()
+    folder = tiny_disk / "checkpoints"
+    with pytest.raises(OSError) as e:
+        checkpoint_write.write(folder, 2, 2, Saver(400_000), Saver(1, "tokenizer"), optimizer)
+    assert disk.is_full(e.value) and list(folder.iterdir()) == []
+    del e                        # (its traceback holds torch's file open, as the learner's does not)
+    assert disk.free_bytes(tiny_disk) > 3_000_000                            # its room given back
+    small_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(10))])
+    out = checkpoint_write.write(folder, 2, 2, Saver(1000), Saver(1, "tokenizer"), small_optimizer)
+    assert [p.name for p in folder.iterdir()] == ["step_000002"]
+    assert json.loads((out / "state.json").read_text()) == {"step": 2, "weight_version": 2}
+
+
+def test_calls_not_written_on_a_full_disk_are_never_referred_to(tiny_disk):
+    """The store keeps each call as a reference to an earlier one (O(new tokens)): a call whose
+    write failed must not become a later call's reference."""
+    store = EpisodeStore(tiny_disk / "episodes.sqlite")
+
+    def call(i, prompt):
+        return CallRecord("e1", "m", "m", store.next_index("e1"), 0, prompt, [7, 8], [-0.1, -0.2], 0, 1.0,
+                          [{"role": "user", "content": str(i)}], None, {}, "stop")
+
+    store.add([call(0, list(range(100)))])
+    store.flush()
+    fill(tiny_disk)
+    store.add([call(1, list(range(100)) + [7, 8] + list(range(50_000)))])     # 200 kB: does not fit
+    with pytest.raises(sqlite3.OperationalError) as e:
+        store.flush()
+    assert disk.is_full(e.value)
+    (tiny_disk / "ballast").unlink()
+    store.add([call(2, list(range(100)) + [7, 8] + [5, 6])])
+    store.flush()
+    calls = store.calls(["e1"])["e1"]
+    assert [c["call_index"] for c in calls] == [0, 2]
+    assert calls[1]["prompt_ids"] == list(range(100)) + [7, 8] + [5, 6]
+    with sqlite3.connect(tiny_disk / "episodes.sqlite") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+@pytest.mark.slow
+def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, small_disk, tmp_path):
+    (tmp_path / "job.toml").write_text(jobs.tiny_arith(STEPS, groups_per_step=GROUPS, model=f"checkpoint_every = {EVERY}"))
+    run = small_disk / "run"
+    _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
+                            extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: head_status(*attach_root(port))  # noqa: E731
+    step = lambda: status()["models"][0]["learner_step"]  # noqa: E731
+    wait_until(lambda: step() >= 3, 120, interval_s=0.2, what="learner step 3")
+
+    assert fill(small_disk) > 0
+    data = wait_until(lambda: (s := status())["paused"] and s, 30, interval_s=0.2, what="the pause")
+    paused_at, restarts = data["models"][0]["learner_step"], dict(data["restarts"])
+    seen: dict[str, set] = {}
+    for _ in range(16):                                   # paused: no step, no crash loop
+        time.sleep(0.5)
+        data = status()
+        for who, cause in data["disk_full"].items():
+            seen.setdefault(who, set()).add(cause.split(":")[0])
+    print("full:", seen)
+    assert data["models"][0]["learner_step"] <= paused_at + 1, (paused_at, data["models"])
+    assert data["restarts"] == restarts, data["restarts"]
+    assert data["models"][0]["learner_step"] < STEPS
+    assert data["paused"].startswith("PAUSED: disk full — ") and set(data["disk_full"]) <= {"gateway.policy", "learner.policy"}
+    assert all("disk is full" in cause or "No space left on device" in cause for cause in data["disk_full"].values())
+    console = Console(record=True, width=400)
+    print_status(data, console)                           # and `actorjet status` says so, in one line
+    assert [line for line in console.export_text().splitlines() if line.startswith("PAUSED: disk full")]
+
+    (small_disk / "ballast").unlink()                     # space again: it goes on by itself
+    wait_until(lambda: status()["training_finished"], 180, interval_s=0.5, what=f"{STEPS} learner steps")
+    data = status()
+    assert data["models"][0]["learner_step"] == STEPS and not data["paused"] and not data["disk_full"]
+    assert data["restarts"] == restarts, data["restarts"]
+
+    # Nothing written was damaged, nothing the pause held back was lost.
+    with sqlite3.connect(run / "episodes-policy.sqlite") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    counts = EpisodeStore(run / "episodes-policy.sqlite").counts()
+    assert counts["trained"] == STEPS * GROUPS, counts
+    assert counts["complete"] == counts["trained"] + counts["pending"] + counts["quarantined"], counts
+    rows, bad = metrics.read_counted(run)
+    assert bad == 0
+    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, STEPS + 1))   # each step's line, once
+    checkpoints = run / "checkpoints" / "policy"
+    assert not list(checkpoints.glob("tmp.*")) and not list((run / "weights" / "policy").glob("*.partial"))
+    for folder in checkpoints.glob("step_*"):
+        state = json.loads((folder / "state.json").read_text())
+        assert state["step"] == int(folder.name[5:]) and (folder / "optimizer.pt").stat().st_size > 0
