@@ -3,6 +3,7 @@ nodes and the head talk to each other run each on its own host (a network namesp
 refusals and CLI errors run on 127.0.0.1."""
 import time
 
+import psutil
 import pytest
 
 from actorjet.runtime import system
@@ -45,6 +46,15 @@ def test_node_loss_is_detected_and_its_runner_replaced(swarm, network, tmp_path,
     swarm.join(port, token, "beta", head_host=head.ip, host=hosts["beta"])
     wait_until(lambda: len([n for n in swarm.ctl(head, "status", port)["nodes"] if not n["head"]]) == 2, 10,
                what="both nodes admitted")
+    # A starved head is not a lost node: the registry stopped (SIGSTOP) for twice the timeout
+    # reads its nodes' answers late; it must not declare them lost for its own pause.
+    registry = psutil.Process(swarm.ctl(head, "pid", port, "registry")["pid"])
+    registry.suspend()
+    time.sleep(6)
+    registry.resume()
+    time.sleep(2)
+    data = swarm.ctl(head, "status", port)
+    assert data["nodes_lost"] == 0 and all(n["alive"] for n in data["nodes"]), data["nodes"]
     killed_at = time.time()
     swarm.kill_host(hosts[first])                # the machine holding the runner dies
     survivor = "beta" if first == "alpha" else "alpha"

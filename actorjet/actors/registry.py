@@ -45,6 +45,7 @@ class Registry(ManagedActor):
             self.table.admit(head, "head", is_head=True)
         self.notifyOnSystemRegistrationChanges(True)
         self.wakeupAfter(timedelta(seconds=self.heartbeat_s), payload="heartbeat")
+        self.next_beat = time.monotonic() + self.heartbeat_s
         self.receiveMsg_ActorUp(where_i_run(self.path), self.myAddress)
 
     def on_stop(self) -> None:
@@ -90,6 +91,11 @@ class Registry(ManagedActor):
     # -- heartbeats ---------------------------------------------------------------------
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         if msg.payload == "heartbeat":
+            late = time.monotonic() - self.next_beat
+            if late > self.heartbeat_s:      # this registry did not run: its nodes are not late
+                log.warning("registry: heartbeat %.1f s late (a starved head?); node timeouts extended by it", late)
+                self.table.excuse(late)
+            self.next_beat = time.monotonic() + self.heartbeat_s
             for node in self.table.nodes.values():
                 if node.link is not None:          # lost nodes too: they may come back
                     self.send(node.link, m.Ping())

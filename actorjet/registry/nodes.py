@@ -73,6 +73,13 @@ class NodeTable:
         self.lost_count += 1
         return node
 
+    def excuse(self, late_s: float) -> None:
+        """The registry itself ran ``late_s`` behind (its process starved of CPU, paused, or its
+        mailbox backed up): the answers it could not read meanwhile are not the nodes' fault,
+        so nobody is declared lost for that time."""
+        for n in self.nodes.values():
+            n.last_seen += late_s
+
     def overdue(self) -> list[Node]:
         """Alive member nodes whose heartbeat is older than the timeout."""
         now = time.monotonic()

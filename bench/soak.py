@@ -1,0 +1,98 @@
+"""Soak benchmark: does a long run stay healthy?  The quickstart's job trains without end across
+network-namespace hosts (head with the model; node a, joined; node b, outbound-only) at full
+CPU, with a fault every few minutes (runner, learner or gateway SIGKILLed, node a's network
+cut for 10 s, the head killed and started again: tests/soak.py).
+
+    python bench/soak.py [--minutes 60] [--fault-every 300] [--warmup 600] [--window 600]
+
+Prints a table against the targets (issue 34) and writes bench/results/soak.json and
+bench/results/plots/soak.png (memory of every process, run-dir disk, steps, the faults):
+  * no process grows more than 10% after the warm-up (first 10 minutes);
+  * run-dir disk flat once retention has started (the last window within 10% of the first);
+  * step rate of the last window within 15% of the first;
+  * 0 false node losses (a loss during a network cut is expected), 0 groups lost or doubled.
+Needs root (network namespaces, nftables).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+import actorjet  # noqa: E402,F401
+import hosts  # noqa: E402
+from common import RESULTS, table, write  # noqa: E402
+from soak import Soak, verdicts  # noqa: E402
+from swarm import Swarm  # noqa: E402
+
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = r["series"]
+    minutes = [t / 60 for t in s["t"]]
+    fig, axes = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
+    for role, mb in sorted(s["rss_mb_by_role"].items(), key=lambda kv: -max(kv[1])):
+        axes[0].plot(minutes, mb, label=role, linewidth=1)
+    axes[0].set_ylabel("RSS (MB), summed per role")
+    axes[0].legend(fontsize=6, ncol=3)
+    axes[1].plot(minutes, s["disk_mb"])
+    axes[1].set_ylabel("run directory (MB)")
+    axes[2].plot(minutes, s["step"])
+    axes[2].set_ylabel("learner step")
+    axes[2].set_xlabel("minutes")
+    for t, what in r["faults"]:
+        for ax in axes:
+            ax.axvline(t / 60, color="grey", alpha=0.3, linewidth=0.8)
+        axes[2].annotate(what, (t / 60, 0), fontsize=6, rotation=90, va="bottom")
+    fig.suptitle(f"soak: {r['minutes']:.0f} min, a fault every {r['fault_every_s']:.0f} s")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=60.0, help="how long to train (default 60)")
+    ap.add_argument("--fault-every", type=float, default=300.0, help="seconds between faults (default 300)")
+    ap.add_argument("--warmup", type=float, default=600.0, help="seconds before growth is measured (default 600)")
+    ap.add_argument("--window", type=float, default=600.0, help="first/last window for rates and disk (default 600)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="soak", help="results file name (default soak)")
+    args = ap.parse_args()
+    why = hosts.unavailable()
+    if why:
+        sys.exit(f"bench/soak.py runs every node on its own host (network namespace): {why}")
+    with tempfile.TemporaryDirectory() as tmp:
+        swarm, net = Swarm(Path(tmp)), hosts.Network()
+        try:
+            soak = Soak(swarm, net, Path(tmp), seed=args.seed)
+            soak.start()
+            print(f"training for {args.minutes:g} min, a fault every {args.fault_every:g} s ...", flush=True)
+            soak.run_for(args.minutes * 60, args.fault_every)
+            result = soak.report(args.warmup, args.window)
+        finally:
+            swarm.cleanup()
+            left = len(swarm.leftovers())
+            net.close()
+    result.update(fault_every_s=args.fault_every, warmup_s=args.warmup, window_s=args.window,
+                  leftover_processes=left, finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
+    rows = verdicts(result)
+    result["targets_met"] = all(met for *_, met in rows)
+    table([(m, v, t, "yes" if met else "NO") for m, v, t, met in rows], ("measure", "result", "target", "met"))
+    plot(result, RESULTS / "plots" / f"{args.name}.png")
+    write(args.name, result)
+    print(f"wrote bench/results/{args.name}.json and bench/results/plots/{args.name}.png")
+    print(json.dumps(result["node_losses"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
