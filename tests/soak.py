@@ -65,7 +65,6 @@ class Soak:
         self.swarm.outbound(self.door, self.token, "b", slots=2, host=self.b)
         self.t0 = time.time()
         self.stop = threading.Event()
-        self.sampler = threading.Thread(target=self._sample_loop, daemon=True)
 
     def _head(self, port: int | None = None) -> None:
         proc, self.port, self.token = self.swarm.head(self.run, self.tree, port=port, host=self.head_host,
@@ -124,9 +123,10 @@ class Soak:
                 self.swarm.kill_host(self.head_host)
                 self._head(self.port)
 
-    def run_for(self, seconds: float, fault_every_s: float) -> None:
+    def run_for(self, seconds: float, fault_every_s: float, sample_s: float = 10.0) -> None:
         rng = random.Random(self.seed)
         cycle: list[str] = []
+        self.sampler = threading.Thread(target=self._sample_loop, args=(sample_s,), daemon=True)
         self.sampler.start()
         deadline, next_fault = time.time() + seconds, time.time() + fault_every_s
         while time.time() < deadline:
@@ -136,7 +136,7 @@ class Soak:
                     cycle = list(FAULTS)
                     rng.shuffle(cycle)
                 self.fault(cycle.pop())
-                next_fault = time.time() + fault_every_s
+                next_fault += fault_every_s          # (a slow fault, a head restart, eats into the gap)
         self.stop.set()
         self.sampler.join(timeout=30)
         self.samples.append(self.sample())

@@ -151,7 +151,8 @@ def test_calls_not_written_on_a_full_disk_are_never_referred_to(tiny_disk):
 
 @pytest.mark.slow
 def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, small_disk, tmp_path):
-    (tmp_path / "job.toml").write_text(jobs.tiny_arith(STEPS, groups_per_step=GROUPS, model=f"checkpoint_every = {EVERY}"))
+    (tmp_path / "job.toml").write_text(jobs.tiny_arith(STEPS, groups_per_step=GROUPS, model=f"checkpoint_every = {EVERY}",
+                                                       train="stall_s = 4.0"))   # the pause is longer: no stall
     run = small_disk / "run"
     _, port, _ = swarm.head(run, str(REPO / "supervisors" / "default.toml"), slots=1,
                             extra=["--config", str(tmp_path / "job.toml")])

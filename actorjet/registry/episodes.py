@@ -269,9 +269,9 @@ class EpisodeDesk:
             if learner is None or self.finished or info.get("evaluating_step") is not None:
                 self.watchdog.forget(f"{model}/learner")
                 continue
-            backlog = self.untrained.get(model, 0)
-            self.watchdog.progress(f"{model}/learner", info["learner_step"], int(backlog >= size),
-                                   learner["address"], now)
+            backlog = self.untrained.get(model, 0)      # (a full disk pauses it: not a stall)
+            self.watchdog.progress(f"{model}/learner", info["learner_step"],
+                                   int(backlog >= size and not self.full_disks.paused), learner["address"], now)
         out: Out = []
         for who, address, reason in self.watchdog.check(now):
             log.error("watchdog: %s %s; restarting it", who, reason)
