@@ -6,7 +6,9 @@ and to an actor's port.  Nothing is unpickled (no canary), training goes on, and
 counts the frames.
 """
 import json
+import os
 import pickle
+import subprocess
 
 import pytest
 
@@ -70,6 +72,21 @@ def ssl_trusting(cert):
     ctx = ssl.create_default_context()
     ctx.load_verify_locations(str(cert))
     return ctx
+
+
+def test_rejected_frame_counts_of_gone_processes_fold_into_one_file(tmp_path):
+    """A week of restarts must not leave one count file per process that ever dropped a frame."""
+    folder = tmp_path / "security"
+    folder.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                              # a PID nobody has now
+    (folder / f"rejected.{gone.pid}").write_text("5")
+    (folder / f"rejected.{os.getpid()}").write_text("2")    # this process, alive
+    assert frames.rejected_on_node(tmp_path) == 7
+    assert sorted(p.name for p in folder.glob("rejected.*")) == sorted([f"rejected.{os.getpid()}", "rejected.retired"])
+    assert frames.rejected_on_node(tmp_path) == 7            # counted once, kept
+    (folder / f"rejected.{os.getpid()}").write_text("3")
+    assert frames.rejected_on_node(tmp_path) == 8
 
 
 def test_tls_options_are_checked_before_anything_starts(tmp_path):

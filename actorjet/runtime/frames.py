@@ -17,6 +17,7 @@ The counter lives per process; a process started under a node directory also wri
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import time
@@ -114,15 +115,51 @@ def rejected_here() -> int:
 
 
 def rejected_on_node(node_dir: Path | None = None) -> int:
-    """Frames dropped by every process of this node so far (their count files)."""
+    """Frames dropped by every process of this node so far (their count files).  The files of
+    processes that are gone are folded into ``rejected.retired`` (under a lock: several
+    processes read), so a week of restarts leaves one file, not one per process."""
     folder = (node_dir or endpoints.node_dir() or Path("/nonexistent")) / "security"
-    total = 0
-    for path in folder.glob("rejected.*"):
-        try:
-            total += int(path.read_text() or 0)
-        except (OSError, ValueError):
-            continue
-    return total
+    if not folder.is_dir():
+        return 0
+    try:
+        with open(folder / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            retired = _read_count(folder / "rejected.retired")
+            total, gone = 0, 0
+            for path in folder.glob("rejected.*"):
+                pid = path.suffix[1:]
+                if not pid.isdigit():
+                    continue
+                count = _read_count(path)
+                if _alive(int(pid)):
+                    total += count
+                else:
+                    gone += count
+                    path.unlink(missing_ok=True)
+            if gone:
+                tmp = folder / "retired.tmp"
+                tmp.write_text(str(retired + gone))
+                os.replace(tmp, folder / "rejected.retired")
+            return total + retired + gone
+    except OSError:
+        return 0
+
+
+def _read_count(path: Path) -> int:
+    try:
+        return int(path.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write_count(count: int) -> None:
