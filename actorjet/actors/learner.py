@@ -176,6 +176,8 @@ class Learner(ManagedActor):
         again; the resumed weights are published under a new version, newer than anything
         the engine may still serve."""
         checkpoints = sorted((self.run_dir / "checkpoints" / self.model_name).glob("step_*/state.json"))
+        for partial in self.weights_dir.glob(f"*{weights.PARTIAL}"):     # a publish it was killed in
+            partial.unlink(missing_ok=True)
         published = [int(p.stem[1:]) for p in self.weights_dir.glob("v*.safetensors")]
         self.resumed = bool(checkpoints or published)
         if checkpoints:

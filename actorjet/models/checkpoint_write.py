@@ -22,7 +22,8 @@ def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimi
     """``model``: what ``save_pretrained`` saves (with LoRA: the peft model, i.e. the adapter)."""
     final = folder / f"step_{step:06d}"
     partial = folder / f"tmp.{final.name}"         # never matched by step_*/state.json
-    shutil.rmtree(partial, ignore_errors=True)
+    for stale in folder.glob("tmp.step_*"):        # (one the learner was killed writing)
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         partial.mkdir(parents=True)
         model.save_pretrained(partial)
