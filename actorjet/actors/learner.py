@@ -28,14 +28,14 @@ import torch
 
 from actorjet.config import engine_of
 from actorjet.serving.engine_client import replica_services
-from actorjet.models import checkpoint_retention, checkpoint_write
+from actorjet.models import checkpoint_retention, checkpoint_write, trainable
 from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.models.evaluations import Evaluations
 from actorjet.models.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
 from actorjet.store import episode_store
 from actorjet.serving import threads, weights
-from actorjet.rl import align, drift, exact_attention, lora
+from actorjet.rl import align, drift, lora
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
@@ -54,7 +54,7 @@ IDLE_S = 0.05        # the prefetch thread's pause when no batch is ready in the
 
 class Learner(ManagedActor):
     def on_init(self) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         job = self.context["job"]
         self.model_name = self.args["model"]
@@ -63,20 +63,15 @@ class Learner(ManagedActor):
         self.run_dir = endpoints.local_run_dir(self.context)      # this node's: weights, checkpoints
         torch.manual_seed(self.train_cfg["seed"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
-        self.peft = None          # with LoRA: the peft wrapper (saving, merging); self.model is its base
-        self.model = self._base()
-        if self.cfg.get("lora"):
-            self.peft = lora.attach(self.model, self.cfg["lora"])
-            self.model = self.peft.get_base_model()
-        self.model.to(self.cfg["device"])
+        # with LoRA, self.peft is the peft wrapper (saving, merging) and self.model its base
+        self.model, self.peft = trainable.build(self.cfg)
         threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.optimizer = self._optimizer()
+        self.optimizer = trainable.optimizer(self.model, self.cfg)
         self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
         self.ref_model = None
         if self.cfg["kl"] > 0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
-            self.ref_model.to(self.cfg["device"]).eval()
+            self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval()
         self.step = self.version = 0
         self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
@@ -116,16 +111,6 @@ class Learner(ManagedActor):
         self.prefetcher = guarded.start(self._prefetch, f"prefetch.{self.model_name}")
         self.wakeupAfter(timedelta(seconds=POLL_S))
 
-    def _base(self):
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(self.cfg["path"], **self._load_kwargs())
-
-    def _optimizer(self):
-        """Over the trainable tensors only (with LoRA: the adapter's)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=self.cfg["lr"], weight_decay=0.0)
-
     def _publish(self) -> Path:
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
         path = self.weights_dir / f"v{self.version:06d}.safetensors"
@@ -162,14 +147,6 @@ class Learner(ManagedActor):
             self.send(address, proto.LoadWeights(self.version, target, self.adapter))
         return total
 
-    def _load_kwargs(self) -> dict:
-        """float32 master weights; ``attention = "exact"`` swaps in the layout-independent
-        attention kernel (rl/exact_attention.py)."""
-        kwargs = {"dtype": torch.float32}
-        if self.cfg.get("attention") == "exact":
-            kwargs["attn_implementation"] = exact_attention.register()
-        return kwargs
-
     def _resume(self) -> None:
         """After a crash (learner or head): continue from the last checkpoint.  Groups trained
         after it were lost with the weights that saw them, so the episode store makes them pending
@@ -181,19 +158,10 @@ class Learner(ManagedActor):
         published = [int(p.stem[1:]) for p in self.weights_dir.glob("v*.safetensors")]
         self.resumed = bool(checkpoints or published)
         if checkpoints:
-            from transformers import AutoModelForCausalLM
-
             folder = checkpoints[-1].parent
-            state = json.loads(checkpoints[-1].read_text())
-            if self.peft is not None:        # the checkpoint holds the adapter; the base is the source
-                self.peft = lora.load(self._base(), str(folder), trainable=True)
-                self.model = self.peft.get_base_model()
-            else:
-                self.model = AutoModelForCausalLM.from_pretrained(folder, **self._load_kwargs())
-            self.model.to(self.cfg["device"])
-            self.optimizer = self._optimizer()
-            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=False))
-            self.step = state["step"]
+            self.model, self.peft = trainable.build(self.cfg, folder)
+            self.optimizer = trainable.optimizer(self.model, self.cfg, folder)
+            self.step = json.loads(checkpoints[-1].read_text())["step"]
         if checkpoints or published:
             self.version = max([self.version] + published) + 1
             self.finishing = {"stage": "publish"}        # no batch: only the version to publish
