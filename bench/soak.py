@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 import tempfile
@@ -74,6 +75,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="soak", help="results file name (default soak)")
     args = ap.parse_args()
+    for name in ("minutes", "fault_every", "warmup", "window"):
+        value = getattr(args, name)
+        if not math.isfinite(value) or value <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be a positive number of {'minutes' if name == 'minutes' else 'seconds'}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a stop still cleans up (finally)
     why = hosts.unavailable()
     if why:
