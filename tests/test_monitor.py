@@ -68,7 +68,7 @@ def test_top_report_and_tensorboard_of_a_live_run(swarm, tmp_path):
     try:
         tmux.start([f"cd {REPO} &&", sys.executable, "-m", "actorjet.cli.main", "top", "--run-dir", run])
         first = wait_until(lambda: learner_step_on(tmux.screen()) is not None and learner_step_on(tmux.screen()),
-                           60, interval_s=0.3, what="top showing the learner step")
+                           120, interval_s=0.3, what="top showing the learner step")
         wait_until(lambda: (learner_step_on(tmux.screen()) or 0) > first, 60, interval_s=0.3,
                    what="the step increasing on screen")
         assert "nodes" in tmux.screen() and "restarts in the last minute" in tmux.screen()
