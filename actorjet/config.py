@@ -45,6 +45,7 @@ MODEL_DEFAULTS = {
     "engines": 1,        # engine replicas; the gateway spreads calls over them (serving/engine_client.py)
     "engine_placement": [],   # one placement table per replica ({ node = N } / { gpus = 1 }); [] = the tree's
     "tensor_parallel_size": 1,   # engine = "vllm": GPUs per replica (vLLM's tensor parallelism)
+    "learner": {},       # { ranks = N, placement = [{ node = "a" }, …] }: N learner ranks (actors/learner_rank.py)
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -82,6 +83,22 @@ def load_job(path: str | Path) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: malformed TOML: {e}") from None
     return normalize(data, str(path))
+
+
+def _learner(section: dict, where: str) -> dict:
+    """``learner = { ranks = N, placement = [...] }``: how many processes train the model
+    (FSDP2 ranks, rl/ranks.py) and, optionally, one placement table per rank."""
+    unknown = set(section) - {"ranks", "placement"}
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {sorted(unknown)} (expected ranks, placement)")
+    ranks, places = section.get("ranks", 1), section.get("placement", [])
+    if not is_int(ranks) or not 1 <= ranks <= 64:
+        raise UserError(f"{where}: ranks must be a whole number from 1 to 64, got {ranks!r}")
+    if places and (not isinstance(places, list) or len(places) != ranks or not all(
+            isinstance(p, dict) and set(p) <= {"node", "gpus", "cpus"} for p in places)):
+        raise UserError(f"{where}: placement must list one placement table per rank ({ranks}), "
+                        "each with node, gpus or cpus")
+    return {"ranks": ranks, "placement": list(places)}
 
 
 def normalize(data: dict, where: str = "job") -> dict:
@@ -124,6 +141,7 @@ def normalize(data: dict, where: str = "job") -> dict:
                 isinstance(p, dict) and set(p) <= {"node", "gpus", "cpus"} for p in places)):
             raise UserError(f"{where}: model {m['name']!r}: engine_placement must list one placement table per "
                             f"engine replica ({m['engines']}), each with node, gpus or cpus")
+        m["learner"] = _learner(m["learner"], f"{where}: model {m['name']!r}: learner")
         if m["checkpoint_keep_last"] < 1 or m["checkpoint_keep_best"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: checkpoint_keep_last must be >= 1 (the newest is what a "
                             f"restarted learner resumes from) and checkpoint_keep_best >= 0")

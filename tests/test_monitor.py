@@ -24,7 +24,9 @@ class Tmux:
     """A terminal of our own: a private tmux server (its own socket), killed at the end."""
 
     def __init__(self, name: str, env: dict):
-        self.socket, self.env = f"aj-{name}-{os.getpid()}", env
+        # the pane's size, not the COLUMNS / LINES a parent may have set (xdist's workers do)
+        self.socket = f"aj-{name}-{os.getpid()}"
+        self.env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
 
     def __call__(self, *args: str) -> str:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True,
@@ -67,8 +69,12 @@ def test_top_report_and_tensorboard_of_a_live_run(swarm, tmp_path):
     tmux = Tmux("top", dict(swarm.env, TERM="xterm-256color"))
     try:
         tmux.start([f"cd {REPO} &&", sys.executable, "-m", "actorjet.cli.main", "top", "--run-dir", run])
-        first = wait_until(lambda: learner_step_on(tmux.screen()) is not None and learner_step_on(tmux.screen()),
-                           120, interval_s=0.3, what="top showing the learner step")
+        try:
+            first = wait_until(lambda: learner_step_on(tmux.screen()) is not None and learner_step_on(tmux.screen()),
+                               120, interval_s=0.3, what="top showing the learner step")
+        except AssertionError:
+            print("top's screen:\n" + tmux.screen())
+            raise
         wait_until(lambda: (learner_step_on(tmux.screen()) or 0) > first, 60, interval_s=0.3,
                    what="the step increasing on screen")
         assert "nodes" in tmux.screen() and "restarts in the last minute" in tmux.screen()

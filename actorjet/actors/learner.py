@@ -22,7 +22,6 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
 
@@ -35,7 +34,7 @@ from actorjet.models.heldout import eval_spec
 from actorjet.serving.openai_api import render_prompt
 from actorjet.store import episode_store
 from actorjet.serving import threads, weights
-from actorjet.rl import align, drift, lora
+from actorjet.rl import align, drift, lora, ranks
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
@@ -44,6 +43,7 @@ from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
+from actorjet.actors.learner_rank import lead
 from actorjet.runtime.logs import log
 
 preload = preload_libraries      # runtime/kinds.py: what a head imports once, before forking this actor
@@ -82,7 +82,14 @@ class Learner(ManagedActor):
         self.finishing: dict | None = None     # a step (or a resumed version) whose writes wait for space
         self.disk_causes = {"step": "", "prefetch": ""}      # why the learner cannot write (actorjet/disk.py)
         self.disk_reported = ""
+        # ``full_*``: the whole model, which evaluations and checkpoints read.  With one rank it
+        # is the model trained; with ranks (``learner = { ranks = N }``) the trained one is
+        # FSDP2-sharded once the group forms, and this copy is refreshed at every publish.
+        self.full_model, self.full_peft = self.model, self.peft
+        self.group = self.commands = None
         self._resume()
+        world = int(self.args.get("world", 1))
+        self.leader = ranks.Leader(world, endpoints.advertise_host(), timeout_s=120.0) if world > 1 else None
         self.store = episode_store.EpisodeStore(episode_store.path_for(self.run_dir, self.model_name))
         pending = self.store.rewind(self.step)
         if pending:
@@ -97,7 +104,8 @@ class Learner(ManagedActor):
                                                    if (spec := eval_spec(t["source"], self.model_name, split))],
                                  self.tokenizer, self.cfg)
         self._evaluate()      # step 0: the starting checkpoint's score
-        self.announce(self.model_name, {"learner": None}, subscribe=True)
+        self.announce(self.model_name, {"learner": None, **({"ranks": self.leader.url} if self.leader else {})},
+                      subscribe=True)
         self._send_counts()
         if self.resumed:      # status says what a restart (a crash, a power cut) recovered
             self.send(self.registry, proto.Resumed(self.model_name, self.step, self.version, pending))
@@ -114,38 +122,25 @@ class Learner(ManagedActor):
     def _publish(self) -> Path:
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
         path = self.weights_dir / f"v{self.version:06d}.safetensors"
-        tensors = lora.adapter_tensors(self.model) if self.peft is not None else self.model.state_dict()
+        if self.group is not None:       # the ranks gather the new weights into rank 0's whole copy
+            self.commands.post("weights")
+            self.full_model.load_state_dict(ranks.full_state(self.model, trainable_only=True), strict=False)
+        tensors = lora.adapter_tensors(self.full_model) if self.peft is not None else self.full_model.state_dict()
         self.published_bytes = weights.publish(tensors, path, {"version": f"{self.version:012d}"},
                                                recycle=self.weights_dir / f"v{self.version - 3:06d}.safetensors")
         (self.weights_dir / f"v{self.version - 3:06d}.safetensors").unlink(missing_ok=True)   # not recycled
         return path
 
     def _deliver(self, path: Path, replicas: list[str] | None = None) -> float | None:
-        """Tell every engine replica (or those named) about version ``self.version``.  An
-        engine on another node cannot read this node's files: the file is pushed to it first
-        (serving/weights.py), and the seconds the pushes took are returned (None: nothing
-        pushed).  A push that fails is logged; that replica keeps serving what it has, and the
-        next version tries again."""
-        total = None
-        for name in replicas if replicas is not None else list(self.engines):
-            if name not in self.engines:
-                continue
-            address, weights_url = self.engines[name]
-            target = str(path)
-            if weights_url and urlsplit(weights_url).hostname != endpoints.advertise_host():
-                t0 = time.perf_counter()
-                try:
-                    target = weights.push(path, weights_url, self.context["token"], self.adapter or self.model_name)
-                except (OSError, ValueError, KeyError) as e:
-                    log.warning("%s: weights v%d could not be pushed to %s at %s: %s",
-                                self.model_name, self.version, name, weights_url, e)
-                    continue
-                seconds = time.perf_counter() - t0
-                total = (total or 0.0) + seconds
-                log.info("%s: pushed v%d (%.1f MB) to %s at %s in %.3f s", self.model_name, self.version,
-                         path.stat().st_size / 1e6, name, weights_url, seconds)
+        """Tell every engine replica (or those named) about version ``self.version``, pushing
+        the file first to one on another node (serving/weights.py ``deliver``); returns the
+        seconds the pushes took (None: nothing pushed)."""
+        engines = {n: self.engines[n] for n in (self.engines if replicas is None else replicas) if n in self.engines}
+        targets, pushed_s = weights.deliver(engines, path, self.version, self.context["token"],
+                                            self.adapter or self.model_name, self.model_name)
+        for address, target in targets:
             self.send(address, proto.LoadWeights(self.version, target, self.adapter))
-        return total
+        return pushed_s
 
     def _resume(self) -> None:
         """After a crash (learner or head): continue from the last checkpoint.  Groups trained
@@ -161,6 +156,7 @@ class Learner(ManagedActor):
             folder = checkpoints[-1].parent
             self.model, self.peft = trainable.build(self.cfg, folder)
             self.optimizer = trainable.optimizer(self.model, self.cfg, folder)
+            self.full_model, self.full_peft = self.model, self.peft
             self.step = json.loads(checkpoints[-1].read_text())["step"]
         if checkpoints or published:
             self.version = max([self.version] + published) + 1
@@ -215,8 +211,22 @@ class Learner(ManagedActor):
                 except queue.Full:
                     pass
 
+    def _join_ranks(self) -> bool:
+        """With ranks: form the group once every rank has arrived (actors/learner_rank.py)."""
+        missing = self.leader.missing()
+        if missing != getattr(self, "missing_ranks", None):
+            log.info("%s: learner rank 0 at %s waits for ranks %s", self.model_name, self.leader.url, missing)
+            self.missing_ranks = missing
+        if not missing:
+            restored = trainable.optimizer_state(self.model, self.optimizer) if self.resumed else None
+            self.group, self.commands, self.model, self.optimizer = lead(self.leader, self.full_model, self.cfg, restored)
+        return not missing
+
     def receiveMsg_WakeupMessage(self, msg, sender):
         self._report_evals()
+        if self.leader is not None and self.group is None and not self._join_ranks():
+            self.wakeupAfter(timedelta(seconds=POLL_S))
+            return
         if self.finishing is not None:             # paused on a full disk: try again, pull nothing
             self._finish_step()
             self._report_disk()
@@ -271,8 +281,9 @@ class Learner(ManagedActor):
         fresh = keep_fresh(batch["samples"], self.version, self.train_cfg["max_staleness"])
         times.trained = time.perf_counter()
         try:
-            info = grpo_step(self.model, self.optimizer, fresh.samples, self.grpo, self.pad_id, self.ref_model) \
-                if fresh.samples else {"tokens": 0, "sequences": 0, "skipped": True}
+            samples = self.commands.post("step", fresh.samples) if self.group and fresh.samples else fresh.samples
+            info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model,
+                             ranks=self.group) if samples else {"tokens": 0, "sequences": 0, "skipped": True}
         except (BadBatch, ValueError, IndexError, TypeError) as e:   # the data's fault, not the learner's
             self._untrainable(group_ids, f"learner: {type(e).__name__}: {e}")
             return
@@ -315,6 +326,9 @@ class Learner(ManagedActor):
         tasks = {t: v["groups"] for t, v in batch["stats"].get("by_task", {}).items()}
         record = step_record(self.model_name, self.step, self.version, batch, f["fresh"], f["info"], f["times"],
                              self.published_bytes, f["pushed_s"])
+        if self.group is not None and not f["info"].get("skipped"):     # each rank's time for this step
+            record["rank_step_s"] = [round(f["times"].published - f["times"].trained, 4),
+                                     *self.commands.step_times(self.group.world)]
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)
@@ -333,7 +347,7 @@ class Learner(ManagedActor):
         """Held-out accuracy of the weights as they are now (models/evaluations.py: in a thread,
         reported by a later wakeup; ``last`` is never skipped)."""
         self._report_evals()
-        if not self.evals.start(self.model, self.step, self.version, last) and self.evals.specs:
+        if not self.evals.start(self.full_model, self.step, self.version, last) and self.evals.specs:
             log.info("%s step %d: held-out evaluation skipped, two are still running", self.model_name, self.step)
 
     def _report_evals(self) -> None:
@@ -353,8 +367,10 @@ class Learner(ManagedActor):
 
     def _checkpoint(self) -> None:
         folder = self.run_dir / "checkpoints" / self.model_name
-        checkpoint_write.write(folder, self.step, self.version, self.peft or self.model, self.tokenizer,
-                               self.optimizer)          # with LoRA: the adapter, in peft's format
+        if self.group is not None:        # the ranks gather the optimizer state on rank 0
+            self.commands.post("optimizer")
+        checkpoint_write.write(folder, self.step, self.version, self.full_peft or self.full_model, self.tokenizer,
+                               trainable.optimizer_state(self.model, self.optimizer))   # LoRA: the adapter
         out = folder / f"step_{self.step:06d}"
         gone = checkpoint_retention.prune(out.parent, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
         if gone:
@@ -370,6 +386,8 @@ class Learner(ManagedActor):
                      self.step, gone["groups"], gone["episodes"], f", appended to {archive}" if archive else "")
 
     def on_stop(self) -> None:
+        if getattr(self, "commands", None) is not None:
+            self.commands.post("stop")
         if getattr(self, "evals", None) is not None:
             self.evals.shutdown()
         if getattr(self, "stopping", None) is not None:

@@ -37,12 +37,14 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
         console.print(actors)
     if data.get("models"):
         models = Table(title="models")
-        for col in ("name", "weight_version", "learner_step", "engine replicas (served / outstanding)"):
+        for col in ("name", "weight_version", "learner_step", "engine replicas (served / outstanding)",
+                    "learner ranks (last step s)"):
             models.add_column(col)
         for mdl in data["models"]:
             replicas = ", ".join(f"{name}: {r['served']} / {r['outstanding']}" + (" [red]out[/red]" if r["out"] else "")
                                  for name, r in (mdl.get("engine_replicas") or {}).items())
-            models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]), replicas or "-")
+            models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]), replicas or "-",
+                           ranks_cell(mdl))
         console.print(models)
     if data.get("behaviors"):
         table = Table(title="behaviors (runners per version)")
@@ -86,3 +88,8 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
     for name, r in sorted(data.get("recovered", {}).items()):      # the learner's last (re)start
         console.print(f"recovered: {name} resumed at step {r['step']} as weights v{r['weight_version']}, "
                       f"{r['pending_again']} groups trained or taken after that step pending again")
+
+
+def ranks_cell(mdl: dict) -> str:
+    """Each learner rank's time for the last step it trained (``-``: one rank)."""
+    return " ".join(f"r{k}:{t:.2f}" if t is not None else f"r{k}:?" for k, t in enumerate(mdl.get("learner_ranks") or [])) or "-"

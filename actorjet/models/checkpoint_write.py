@@ -18,8 +18,9 @@ import torch
 from actorjet import disk
 
 
-def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimizer) -> Path:
-    """``model``: what ``save_pretrained`` saves (with LoRA: the peft model, i.e. the adapter)."""
+def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimizer_state: dict) -> Path:
+    """``model``: what ``save_pretrained`` saves (with LoRA: the peft model, i.e. the adapter);
+    ``optimizer_state``: models/trainable.py ``optimizer_state``."""
     final = folder / f"step_{step:06d}"
     partial = folder / f"tmp.{final.name}"         # never matched by step_*/state.json
     for stale in folder.glob("tmp.step_*"):        # (one the learner was killed writing)
@@ -29,7 +30,7 @@ def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimi
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         with open(partial / "optimizer.pt", "wb") as f:      # (closed here even when the write fails)
-            torch.save(optimizer.state_dict(), f)
+            torch.save(optimizer_state, f)
         (partial / "state.json").write_text(json.dumps({"step": step, "weight_version": weight_version}))
     except Exception as e:       # (a full disk: the partial folder's space goes back)
         error = disk.blame_full_disk(e, folder)

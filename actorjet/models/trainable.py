@@ -45,5 +45,27 @@ def optimizer(model, cfg: dict, checkpoint: Path | None = None) -> torch.optim.O
     ``checkpoint`` when restoring."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg["lr"], weight_decay=0.0)
     if checkpoint is not None:
-        opt.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
+        restore_optimizer(model, opt, torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
     return opt
+
+
+def optimizer_state(model, opt: torch.optim.Optimizer) -> dict:
+    """The optimizer's state keyed by parameter names, whole (gathered on rank 0 when the model
+    is sharded over learner ranks: a collective, every rank calls it): the checkpoint's form,
+    which any number of ranks can load."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def restore_optimizer(model, opt: torch.optim.Optimizer, state: dict, from_rank0: bool = False) -> None:
+    """Load ``optimizer_state``'s form (``from_rank0``: sharded ranks, only rank 0 passes the
+    state, the others ``{}``), or an older checkpoint's ``optimizer.state_dict()`` (keyed by
+    position: one rank only)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if state and all(isinstance(k, int) for k in state.get("state", {})) and not from_rank0:
+        opt.load_state_dict(state)
+        return
+    set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True,
+                                                                         broadcast_from_rank0=from_rank0))

@@ -29,7 +29,7 @@ from actorjet.runtime.logs import log
 QUIET_RUNNER_S = 10.0     # a placed runner that asked for no work this long is named in status
 RECENT_STEPS = 60         # learner steps per model kept for status / `actorjet top`
 RECENT_KEYS = ("step", "time", "reward_mean", "batch_wait_s", "train_s", "publish_s", "step_time_s",
-               "staleness_mean", "tokens", "token_ratio", "by_task")
+               "staleness_mean", "tokens", "token_ratio", "by_task", "rank_step_s")
 
 
 class EpisodeDesk:
@@ -365,7 +365,9 @@ class EpisodeDesk:
         return {**self.status_counts(),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
                             "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, [])),
-                            "engine_replicas": self.replicas.get(k, {})}
+                            "engine_replicas": self.replicas.get(k, {}),
+                            "learner_ranks": next((r["rank_step_s"] for r in reversed(self.recent.get(k, []))
+                                                   if r.get("rank_step_s")), [])}
                            for k, v in sorted(self.models.items())],
                 "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
                 "training_finished": self.finished, "watchdog": self.watchdog_line(), "recovered": self.recovered,

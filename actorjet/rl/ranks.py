@@ -16,6 +16,11 @@ same code path, tested here on 2 CPU processes (tests/test_ranks.py).
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import socket
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -58,16 +63,145 @@ def join(rank: int, world: int, address: str, port: int, device: str = "cpu", ti
     """Rendezvous at rank 0's TCPStore (``address:port``, reachable from every rank's host);
     ``gloo`` on CPU, ``nccl`` on CUDA.  A rendezvous nobody completes raises a one-line
     RuntimeError naming the address, instead of hanging."""
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if rank == 0:
+        return Leader(world, address, port, timeout_s).join(device)
+    deadline = time.monotonic() + timeout_s
+    while True:                   # rank 0 may not listen yet: the ranks start together
+        try:
+            return follow(rank, world, address, port, device, timeout_s)[0]
+        except NobodyListens:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+class NobodyListens(RuntimeError):
+    """Nothing listens at the rendezvous address (rank 0 not started yet, or gone)."""
+
+
+def _rendezvous_error(rank: int, world: int, address: str, port: int, timeout_s: float, e: Exception) -> RuntimeError:
+    if isinstance(e, ConnectionRefusedError):
+        return NobodyListens(f"learner rank {rank}/{world}: no rendezvous at {address}:{port}: nothing listens there")
+    return RuntimeError(f"learner rank {rank}/{world}: no rendezvous at {address}:{port} within "
+                        f"{timeout_s:.0f} s ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+
+
+def _gloo_interface(address: str) -> None:
+    """gloo binds to the interface of the hostname unless told: name the one that carries this
+    rank's advertised address (in a network namespace the hostname may resolve elsewhere)."""
+    import ipaddress
+
+    import psutil
+
     try:
-        store = dist.TCPStore(address, port, world, is_master=rank == 0,
-                              timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        ip = str(ipaddress.ip_address(socket.gethostbyname(address)))
+    except (OSError, ValueError):
+        return
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+            return
+
+
+class Leader:
+    """Rank 0's side of the rendezvous: a TCPStore the other ranks connect to (``port`` 0:
+    any free port; ``url`` is what rank 0 announces), and who has arrived so far, so rank 0
+    can wait for late ranks without blocking (``missing``) before the group forms."""
+
+    def __init__(self, world: int, address: str, port: int = 0, timeout_s: float = 60.0):
+        self.world, self.address, self.timeout_s = world, address, timeout_s
+        try:
+            self.store = dist.TCPStore(address, port, world, is_master=True, wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=timeout_s))
+        except (RuntimeError, OSError, dist.DistError) as e:
+            raise _rendezvous_error(0, world, address, port, timeout_s, e) from None
+        self.url = f"{address}:{self.store.port}"
+
+    def missing(self) -> list[int]:
+        return [k for k in range(1, self.world) if not self.store.check([f"here/{k}"])]
+
+    def join(self, device: str = "cpu") -> RankGroup:
+        _gloo_interface(self.address)
+        try:
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=self.store, rank=0,
+                                    world_size=self.world, timeout=datetime.timedelta(seconds=self.timeout_s))
+        except (RuntimeError, OSError, dist.DistError) as e:
+            raise _rendezvous_error(0, self.world, self.address, self.store.port, self.timeout_s, e) from None
+        return RankGroup(0, self.world)
+
+
+def follow(rank: int, world: int, address: str, port: int, device: str = "cpu", timeout_s: float = 60.0,
+           own_address: str | None = None) -> tuple[RankGroup, "Commands"]:
+    """A rank above 0 joins rank 0's group at ``address:port``; with it, the channel on which
+    rank 0 says what to do next."""
+    try:
+        # a port nobody listens on (a rank 0 that is gone) fails here at once; TCPStore itself
+        # would retry it for the whole timeout
+        socket.create_connection((address, port), timeout=min(timeout_s, 5.0)).close()
+        store = dist.TCPStore(address, port, world, is_master=False, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        store.set(f"here/{rank}", "1")
+        _gloo_interface(own_address or address)
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=store, rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     except (RuntimeError, OSError, dist.DistError) as e:
-        raise RuntimeError(f"learner rank {rank}/{world}: no rendezvous at {address}:{port} within "
-                           f"{timeout_s:.0f} s ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    return RankGroup(rank, world)
+        raise _rendezvous_error(rank, world, address, port, timeout_s, e) from None
+    return RankGroup(rank, world), Commands(store)
+
+
+class Commands:
+    """Rank 0 tells the other ranks what to do next (``"step"`` with a batch, ``"weights"``,
+    ``"optimizer"``, ``"stop"``).  A rank waits for the next command's header by polling the
+    rendezvous store, never inside a collective: a learner may wait minutes for a batch, longer
+    than gloo's timeout.  A payload then goes through one broadcast as JSON bytes (the store
+    takes at most 8 MB a value): nothing a rank receives is unpickled."""
+
+    def __init__(self, store):
+        self.store, self.n = store, 0
+
+    def post(self, kind: str, payload=None):
+        """Rank 0: announce ``kind`` and send ``payload``; returns the payload as every rank
+        reads it (so rank 0 trains on exactly what the others decoded)."""
+        self.n += 1
+        data = json.dumps(payload).encode() if payload is not None else b""
+        self.store.set(f"cmd/{self.n}", json.dumps({"kind": kind, "bytes": len(data)}))
+        if self.n > 2:
+            self.store.delete_key(f"cmd/{self.n - 2}")
+        return _decode(kind, json.loads(_broadcast_bytes(data, len(data)))) if data else None
+
+    def receive(self, stopping: threading.Event, poll_s: float = 0.05) -> tuple[str, object] | None:
+        """Ranks above 0: the next command, or None once ``stopping`` is set."""
+        self.n += 1
+        key = f"cmd/{self.n}"
+        while not self.store.check([key]):
+            if stopping.wait(poll_s):
+                return None
+        head = json.loads(self.store.get(key))
+        kind = head["kind"]
+        return kind, _decode(kind, json.loads(_broadcast_bytes(None, head["bytes"]))) if head["bytes"] else None
+
+    def report(self, rank: int, step_s: float) -> None:
+        self.store.set(f"time/{rank}", str(step_s))
+
+    def step_times(self, world: int) -> list[float | None]:
+        """Each rank's last step time as it reported it (rank 0's own is not here)."""
+        return [float(self.store.get(f"time/{k}")) if self.store.check([f"time/{k}"]) else None
+                for k in range(1, world)]
+
+
+def _decode(kind: str, payload):
+    """A step's samples as JSON gives them back: their terms become rl/pack.py Terms again."""
+    if kind == "step":
+        from actorjet.rl.pack import Term
+
+        return [{**s, "terms": [Term(*t) for t in s["terms"]]} for s in payload]
+    return payload
+
+
+def _broadcast_bytes(data: bytes | None, size: int) -> bytes:
+    t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None else torch.empty(size, dtype=torch.uint8)
+    dist.broadcast(t, src=0)
+    return t.numpy().tobytes()
 
 
 def leave() -> None:
@@ -89,8 +223,18 @@ def shard(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's tensors on every rank (for publishing a weight version; CPU copies)."""
+def broadcast_weights(model: torch.nn.Module) -> None:
+    """Every rank, before ``shard``: rank 0's weights (fresh or from a checkpoint, which only
+    rank 0's node holds) in every rank's model."""
+    for tensor in model.state_dict().values():
+        dist.broadcast(tensor, src=0)
+
+
+def full_state(model: torch.nn.Module, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+    """The model's tensors gathered on rank 0, as CPU copies (the other ranks get ``{}``): a
+    weight version to publish.  ``trainable_only``: without frozen tensors, so a LoRA
+    publish gathers the adapter alone."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                ignore_frozen_params=trainable_only))

@@ -86,6 +86,33 @@ def with_engine_replicas(tree: ChildSpec, job: dict) -> ChildSpec:
     return walk(tree, None)
 
 
+def with_learner_ranks(tree: ChildSpec, job: dict) -> ChildSpec:
+    """``learner = { ranks = N }`` in a model's entry: its subtree's learner child becomes a
+    one_for_all supervisor ``learners`` of N ranks, ``learner`` (rank 0, actors/learner.py)
+    and ``learner.1`` … (actors/learner_rank.py), placed by ``learner.placement`` when given.
+    One_for_all: a rank's death stops the group's collectives, so every rank restarts and
+    rank 0 resumes from its checkpoint."""
+    by_name = {mc["name"]: mc for mc in job.get("models", [])}
+
+    def walk(spec: ChildSpec, model: str | None) -> ChildSpec:
+        model = spec.args.get("model", model)
+        children = []
+        for child in spec.children:
+            entry = by_name.get(child.args.get("model", model), {})
+            world = entry.get("learner", {}).get("ranks", 1)
+            if child.kind != "learner" or world == 1:
+                children.append(walk(child, model))
+                continue
+            places = entry["learner"].get("placement") or [child.placement] * world
+            ranks = [replace(child, id=child.id if k == 0 else f"{child.id}.{k}", kind="learner" if k == 0 else "learner_rank",
+                             args={**child.args, "rank": k, "world": world}, placement=dict(places[k]))
+                     for k in range(world)]
+            children.append(ChildSpec(id=f"{child.id}s", kind="supervisor", strategy="one_for_all", max_restarts=5,
+                                      period_s=60.0, args=dict(child.args), children=ranks))
+        return replace(spec, children=children)
+    return walk(tree, None)
+
+
 def read_head_file(run_dir: Path) -> dict:
     path = run_dir / "head.json"
     try:
@@ -121,7 +148,7 @@ class Head:
     def start(self, timeout_s: float = 60.0) -> None:
         refuse_cuda_before_fork(self.job)
         refuse_engines_of_adapters(self.tree, self.job)
-        self.tree = with_engine_replicas(self.tree, self.job)
+        self.tree = with_learner_ranks(with_engine_replicas(self.tree, self.job), self.job)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         state = read_head_file(self.run_dir)
         self._clean_stale(state)

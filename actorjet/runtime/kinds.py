@@ -16,6 +16,7 @@ KINDS = {
     "engine": "actorjet.actors.engine:Engine",
     "gateway": "actorjet.actors.gateway:Gateway",
     "learner": "actorjet.actors.learner:Learner",
+    "learner_rank": "actorjet.actors.learner_rank:LearnerRank",
     "probe": "actorjet.runtime.probe:Probe",
     "door": "actorjet.actors.door:Door",
 }

@@ -35,10 +35,15 @@ import re
 import shutil
 import socketserver
 import struct
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
+
+from actorjet.runtime.endpoints import advertise_host
+from actorjet.runtime.logs import log
 
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -192,6 +197,32 @@ def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: 
     if reply.status != 200:
         raise OSError(f"the engine refused weights {path.name}: {reply.status} {data}")
     return data["path"]
+
+
+def deliver(engines: dict[str, tuple], path: Path, version: int, token: str, folder: str,
+            model: str) -> tuple[list[tuple], float | None]:
+    """Where each engine replica (``{name: (address, weights receiver URL or None)}``) should
+    load weight version ``version`` from: ``[(address, file path on its node)]``, and the
+    seconds the pushes took (None: nothing pushed).  An engine on another node cannot read
+    this node's files, so the file is pushed to it first (``push``).  A push that fails is
+    logged and that replica left out: it keeps serving what it has, and the next version
+    tries again."""
+    targets, total = [], None
+    for name, (address, weights_url) in engines.items():
+        target = str(path)
+        if weights_url and urlsplit(weights_url).hostname != advertise_host():
+            t0 = time.perf_counter()
+            try:
+                target = push(path, weights_url, token, folder)
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("%s: weights v%d could not be pushed to %s at %s: %s", model, version, name, weights_url, e)
+                continue
+            seconds = time.perf_counter() - t0
+            total = (total or 0.0) + seconds
+            log.info("%s: pushed v%d (%.1f MB) to %s at %s in %.3f s", model, version,
+                     Path(path).stat().st_size / 1e6, name, weights_url, seconds)
+        targets.append((address, target))
+    return targets, total
 
 
 class PushRefused(Exception):
