@@ -58,6 +58,7 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
 
     from actorjet.rl import ranks
     from actorjet.rl.grpo import GRPOConfig, grpo_step
+    from actorjet.serving import weights
 
     torch.set_num_threads(max(1, CORES // world))
     group = ranks.join(rank, world, "127.0.0.1", port, device=device) if world > 1 or device != "cpu" else None
@@ -65,16 +66,24 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
     if group is not None:
         model = ranks.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    times = []
+    times, publish = [], []
     for _ in range(repeats + 1):                     # the first is a warm-up
         t0 = time.perf_counter()
         grpo_step(model, opt, samples, GRPOConfig(), 0, ranks=group)
         times.append(time.perf_counter() - t0)
+    target = Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-publish-{os.getpid()}.safetensors"
+    for _ in range(repeats):      # a weight version: gathered from the shards on rank 0, then written
+        t0 = time.perf_counter()
+        tensors = ranks.full_state(model) if group is not None else model.state_dict()
+        if rank == 0:
+            weights.publish(tensors, target, {"version": "0"})
+        publish.append(time.perf_counter() - t0)
+    target.unlink(missing_ok=True)
     if out and rank == 0:
-        Path(out).write_text(json.dumps(times[1:]))
+        Path(out).write_text(json.dumps({"step": times[1:], "publish": publish}))
     if group is not None:
         ranks.leave()
-    return times[1:]
+    return {"step": times[1:], "publish": publish}
 
 
 def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
@@ -83,7 +92,7 @@ def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
     samples = batch()
     if device != "cpu":       # one GPU: world size 1 over nccl, FSDP2 on one rank (the path, not a speed-up)
         return {"sequences": len(samples), "one_rank_nccl_s": statistics.median(
-            _step_times(model_dir, samples, repeats, 0, 1, free_port(), device=device))}
+            _step_times(model_dir, samples, repeats, 0, 1, free_port(), device=device)["step"])}
     one = _step_times(model_dir, samples, repeats)
     out = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-ranks-{os.getpid()}.json")
     port = free_port()
@@ -96,8 +105,10 @@ def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
     two = json.loads(Path(out).read_text())
     Path(out).unlink()
     tokens = sum(len(s["input_ids"]) for s in samples)
-    return {"sequences": len(samples), "sequence_tokens": tokens, "one_rank_s": statistics.median(one),
-            "two_ranks_s": statistics.median(two), "ratio": statistics.median(two) / statistics.median(one)}
+    one_s, two_s = statistics.median(one["step"]), statistics.median(two["step"])
+    return {"sequences": len(samples), "sequence_tokens": tokens, "one_rank_s": one_s, "two_ranks_s": two_s,
+            "ratio": two_s / one_s, "one_rank_publish_s": statistics.median(one["publish"]),
+            "two_ranks_publish_s": statistics.median(two["publish"])}
 
 
 def _serve_engine(model_dir: str, threads: int, port_file: str, device: str = "cpu") -> None:
@@ -182,6 +193,9 @@ def main() -> int:
     rows = [("learner step, 1 rank", f"{ranks['one_rank_s']:.3f} s", f"{CORES} threads"),
             ("learner step, 2 ranks (FSDP2, gloo)", f"{ranks['two_ranks_s']:.3f} s",
              f"{max(1, CORES // 2)} thread(s) each; ratio {ranks['ratio']:.2f}"),
+            ("weight version, 1 rank (state dict + write)", f"{ranks['one_rank_publish_s']:.3f} s", ""),
+            ("weight version, 2 ranks (gather on rank 0 + write)", f"{ranks['two_ranks_publish_s']:.3f} s",
+             "what rank 0 then delivers to every replica (serving/weights.py)"),
             *[(f"engine, {e['replicas']} replica(s)", f"{e['tokens_per_s']:.0f} tokens/s",
                f"{e['episodes']} episodes x 3 turns; served {e['served']}") for e in engines]]
     table(rows, ("what", "measured", "notes"))

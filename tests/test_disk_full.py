@@ -6,6 +6,8 @@ nothing already written is damaged, and once the ballast is gone training finish
 itself with every step's line in metrics.jsonl."""
 import contextlib
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import time
@@ -25,7 +27,7 @@ from actorjet.serving import weights
 from actorjet.store.records import CallRecord
 from actorjet.runtime.head import attach_root, status as head_status
 from actorjet.store.episode_store import EpisodeStore
-from swarm import REPO, wait_until
+from swarm import REPO, pid_of, wait_until
 
 STEPS, GROUPS, EVERY = 16, 4, 2
 
@@ -184,6 +186,20 @@ def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, sm
     print_status(data, console)                           # and `actorjet status` says so, in one line
     assert [line for line in console.export_text().splitlines() if line.startswith("PAUSED: disk full")]
 
+    # A learner that dies while the disk is full restarts once and waits: its first write (the
+    # store's rewind) meets the full disk and must not crash-loop it
+    learner = pid_of(port, "model.policy/learner")
+    os.kill(learner, signal.SIGKILL)
+    wait_until(lambda: pid_of(port, "model.policy/learner") not in (None, learner), 30, interval_s=0.2,
+               what="the learner restarted")
+    time.sleep(6)
+    data = status()
+    after = {path: n for path, n in data["restarts"].items() if restarts.get(path) != n}
+    assert list(after) == ["root/model.policy/learner"] and after["root/model.policy/learner"] == \
+        restarts.get("root/model.policy/learner", 0) + 1, data["restarts"]
+    assert data["paused"] and data["models"][0]["learner_step"] < STEPS
+    restarts = dict(data["restarts"])
+
     (small_disk / "ballast").unlink()                     # space again: it goes on by itself
     wait_until(lambda: status()["training_finished"], 180, interval_s=0.5, what=f"{STEPS} learner steps")
     data = status()
@@ -198,7 +214,11 @@ def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, sm
     assert counts["complete"] == counts["trained"] + counts["pending"] + counts["quarantined"], counts
     rows, bad = metrics.read_counted(run)
     assert bad == 0
-    assert [r["step"] for r in rows if r["kind"] == "train"] == list(range(1, STEPS + 1))   # each step's line, once
+    # each step's line once, but for the steps after the checkpoint the killed learner resumed from
+    steps, resumed = [r["step"] for r in rows if r["kind"] == "train"], data["recovered"]["policy"]["step"]
+    before = steps[:len(steps) - (STEPS - resumed)]          # 1 … the last step before the kill
+    assert before == list(range(1, len(before) + 1)) and steps[len(before):] == list(range(resumed + 1, STEPS + 1)), \
+        (steps, resumed)
     checkpoints = run / "checkpoints" / "policy"
     assert not list(checkpoints.glob("tmp.*")) and not list((run / "weights" / "policy").glob("*.partial"))
     for folder in checkpoints.glob("step_*"):

@@ -87,7 +87,8 @@ def test_two_ranks_train_survive_a_killed_rank_and_resume_on_one(swarm, tmp_path
     seen = step()
     os.kill(rank1, signal.SIGKILL)                                   # one rank dies mid-run
     wait_until(lambda: status()["recovered"].get("policy"), 60, interval_s=0.2, what="the rank group restarted")
-    assert pid_of(port, "model.policy/learners/learner") not in (None, rank0)    # one_for_all: rank 0 too
+    wait_until(lambda: pid_of(port, "model.policy/learners/learner") not in (None, rank0), 30, interval_s=0.2,
+               what="a new rank 0 (one_for_all: rank 0 restarts too)")
     recovered = status()["recovered"]["policy"]
     assert recovered["step"] % EVERY == 0 and recovered["step"] <= seen + 1, (recovered, seen)
     wait_until(lambda: status()["training_finished"], 180, interval_s=0.5, what=f"{STEPS} learner steps")
@@ -116,6 +117,8 @@ def test_two_ranks_train_survive_a_killed_rank_and_resume_on_one(swarm, tmp_path
     console = Console(record=True, width=300)
     print_status(data, console)
     assert re.search(r"r0:\d+\.\d\d r1:\d+\.\d\d", console.export_text())
+    from actorjet.monitor import report
+    assert "Learner ranks: each rank&#x27;s time to train a step" in report.build(run).read_text()   # and the report
 
     # The 2-rank checkpoint resumes on 1 rank: two more steps
     proc.popen.send_signal(signal.SIGINT)
@@ -163,11 +166,18 @@ def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, netwo
     (tmp_path / "job.toml").write_text(QUICKSTART_WITH_RANKS)
     run = tmp_path / "run"
     _, port, token = swarm.head(run, TREE, slots=2, host=head, extra=["--config", str(tmp_path / "job.toml")])
+    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
+    # rank 1's node has not joined: status says what waits and for what (and nothing trains)
+    waiting = wait_until(lambda: status()["waiting"], 30, interval_s=0.2, what="status naming the waiting rank")
+    assert waiting == {"root/model.policy/learners/learner.1": {"node": "rank1"}}
+    console = Console(record=True, width=300)
+    print_status(status(), console)
+    assert "WAITING: root/model.policy/learners/learner.1 for a node with node = 'rank1'" in console.export_text()
+    assert all(m["learner_step"] == 0 for m in status()["models"])       # (rank 0 may not have announced yet)
     cache = tmp_path / "rank1-cache"              # its own copy of the model, as on another machine
     shutil.copytree(tiny_arith(0), cache / "zoo" / tiny_arith(0).name)
     swarm.join(port, token, "rank1", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
                prefix=box.without(run, cache_dir(), SHIPPED))
-    status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
     wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what="30 learner steps")
     rank1 = swarm.ctl(head, "pid", port, "model.policy/learners/learner.1")["pid"]
     rank0 = swarm.ctl(head, "pid", port, "model.policy/learners/learner")["pid"]
@@ -176,6 +186,7 @@ def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, netwo
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 31))
+    assert status()["waiting"] == {}
     assert all(len(r["rank_step_s"]) == 2 for r in train if r["tokens"])
     evals = wait_until(lambda: len(e := [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text()
                                                      .splitlines()) if r["kind"] == "eval"]) >= 4 and e, 60,

@@ -4,9 +4,8 @@ store and turns them into weight versions.
 Loop, top to bottom:  a prefetch thread claims the next batch's groups from the store
 (``next_batch``: task quotas, credit, packing — rl/batching.py) while the current step
 trains → drop sampled tokens staler than ``max_staleness`` versions → one GRPO step → mark
-the groups trained at this step → publish weights as version v+1 (serving/weights.py: the
-adapter alone with LoRA, rl/lora.py) → tell the engine
-(LoadWeights) and the registry (Trained, the metrics line, the store's counts) → every
+the groups trained → publish weights as version v+1 (serving/weights.py; the adapter alone
+with LoRA) → tell the engines (LoadWeights) and the registry (Trained, metrics, counts) → every
 ``eval_every`` steps a held-out evaluation (in a thread: models/evaluations.py), every
 ``checkpoint_every`` steps a checkpoint.  On a full disk a step's writes wait (actorjet/disk.py).
 The store, the weights and the checkpoints are on the learner's own node (its model subtree
@@ -27,14 +26,13 @@ import torch
 
 from actorjet.config import engine_of
 from actorjet.serving.engine_client import replica_services
-from actorjet.models import checkpoint_retention, checkpoint_write, trainable
+from actorjet.models import checkpoint_retention, checkpoint_write, repairs, trainable
 from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.models.evaluations import Evaluations
 from actorjet.models.heldout import eval_spec
-from actorjet.serving.openai_api import render_prompt
 from actorjet.store import episode_store
 from actorjet.serving import threads, weights
-from actorjet.rl import align, drift, lora, ranks
+from actorjet.rl import lora, ranks
 from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
 from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
@@ -69,9 +67,7 @@ class Learner(ManagedActor):
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.optimizer = trainable.optimizer(self.model, self.cfg)
         self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
-        self.ref_model = None
-        if self.cfg["kl"] > 0:
-            self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval()
+        self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval() if self.cfg["kl"] > 0 else None
         self.step = self.version = 0
         self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
@@ -80,7 +76,7 @@ class Learner(ManagedActor):
         self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
         self.finishing: dict | None = None     # a step (or a resumed version) whose writes wait for space
-        self.disk_causes = {"step": "", "prefetch": ""}      # why the learner cannot write (actorjet/disk.py)
+        self.disk_causes = {"step": "", "prefetch": "", "rewind": ""}   # why it cannot write (actorjet/disk.py)
         self.disk_reported = ""
         # ``full_*``: the whole model, which evaluations and checkpoints read.  With one rank it
         # is the model trained; with ranks (``learner = { ranks = N }``) the trained one is
@@ -90,15 +86,11 @@ class Learner(ManagedActor):
         self._resume()
         world = int(self.args.get("world", 1))
         self.leader = ranks.Leader(world, endpoints.advertise_host(), timeout_s=120.0) if world > 1 else None
-        self.store = episode_store.EpisodeStore(episode_store.path_for(self.run_dir, self.model_name))
-        pending = self.store.rewind(self.step)
-        if pending:
-            log.info("%s resumes at step %d: %d groups taken or trained after it are pending again",
-                     self.model_name, self.step, pending)
+        self.store = None        # opened (a write: its schema, its journal) and rewound by _rewind
         self.batching = BatchConfig(self.model_name, self.cfg.get("groups_per_step") or self.train_cfg["groups_per_step"],
                                     merge=merge_mode(self.cfg), mix=self.train_cfg.get("mix", "fill"),
                                     fill_after_s=float(self.train_cfg.get("fill_after_s", 0.5)),
-                                    prepare=self._prepare)
+                                    prepare=repairs.for_model(self.tokenizer, self.cfg))
         split = self.cfg["eval_split"]
         self.evals = Evaluations(self.model_name, [(t["name"], spec) for t in job["tasks"]
                                                    if (spec := eval_spec(t["source"], self.model_name, split))],
@@ -106,9 +98,9 @@ class Learner(ManagedActor):
         self._evaluate()      # step 0: the starting checkpoint's score
         self.announce(self.model_name, {"learner": None, **({"ranks": self.leader.url} if self.leader else {})},
                       subscribe=True)
+        self.rewound = threading.Event()       # the store rewound to this step: only then are batches pulled
+        self._rewind()
         self._send_counts()
-        if self.resumed:      # status says what a restart (a crash, a power cut) recovered
-            self.send(self.registry, proto.Resumed(self.model_name, self.step, self.version, pending))
         if self.step >= self.train_cfg["steps"]:     # a finished run started again: it stays finished
             self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, 0, done=True))
         self.ready: queue.Queue = queue.Queue(maxsize=1)     # the prefetched batch
@@ -118,6 +110,27 @@ class Learner(ManagedActor):
         self.stopping = threading.Event()
         self.prefetcher = guarded.start(self._prefetch, f"prefetch.{self.model_name}")
         self.wakeupAfter(timedelta(seconds=POLL_S))
+
+    def _rewind(self) -> bool:
+        """Open the store, make what was taken or trained after this step pending again: writes,
+        so on a full disk they wait (nothing is pulled meanwhile) instead of crash-looping."""
+        path = episode_store.path_for(self.run_dir, self.model_name)
+        try:
+            self.store = episode_store.EpisodeStore(path) if self.store is None else self.store
+            pending = self.store.rewind(self.step)
+        except Exception as e:
+            if not disk.is_full(e):
+                raise
+            self.disk_causes["rewind"] = f"cannot open and rewind the store at step {self.step}: {disk.describe(e, path)}"
+            return False
+        self.disk_causes["rewind"] = ""
+        if pending:
+            log.info("%s resumes at step %d: %d groups taken or trained after it are pending again",
+                     self.model_name, self.step, pending)
+        if self.resumed:      # status says what a restart (a crash, a power cut) recovered
+            self.send(self.registry, proto.Resumed(self.model_name, self.step, self.version, pending))
+        self.rewound.set()
+        return True
 
     def _publish(self) -> Path:
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
@@ -183,6 +196,9 @@ class Learner(ManagedActor):
         and with it this actor's process (runtime/guarded.py): its supervisor restarts the
         learner, which rewinds the store and pulls again."""
         self.directory.wait()
+        while not self.rewound.wait(IDLE_S):
+            if self.stopping.is_set():
+                return
         while not self.stopping.is_set():
             with self.pulled_lock:
                 enough = self.pulled >= self.train_cfg["steps"]
@@ -213,17 +229,18 @@ class Learner(ManagedActor):
 
     def _join_ranks(self) -> bool:
         """With ranks: form the group once every rank has arrived (actors/learner_rank.py)."""
-        missing = self.leader.missing()
-        if missing != getattr(self, "missing_ranks", None):
-            log.info("%s: learner rank 0 at %s waits for ranks %s", self.model_name, self.leader.url, missing)
-            self.missing_ranks = missing
-        if not missing:
-            restored = trainable.optimizer_state(self.model, self.optimizer) if self.resumed else None
-            self.group, self.commands, self.model, self.optimizer = lead(self.leader, self.full_model, self.cfg, restored)
-        return not missing
+        if self.leader.missing():
+            return False
+        restored = trainable.optimizer_state(self.model, self.optimizer) if self.resumed else None
+        self.group, self.commands, self.model, self.optimizer = lead(self.leader, self.full_model, self.cfg, restored)
+        return True
 
     def receiveMsg_WakeupMessage(self, msg, sender):
         self._report_evals()
+        if not self.rewound.is_set() and not self._rewind():       # a full disk: try again later
+            self._report_disk()
+            self.wakeupAfter(timedelta(seconds=disk.RETRY_S))
+            return
         if self.leader is not None and self.group is None and not self._join_ranks():
             self.wakeupAfter(timedelta(seconds=POLL_S))
             return
@@ -246,17 +263,6 @@ class Learner(ManagedActor):
                 self._train(batch)
         self.wakeupAfter(timedelta(seconds=0 if batch is not None else POLL_S))
 
-    def _prepare(self, calls: list) -> dict:
-        """Token-level repairs before merging (they need this model's tokenizer)."""
-        tok, counts = self.tokenizer, {}
-        if self.cfg.get("merge_ignore_tools"):
-            counts["tools_unified"] = align.unify_tools(calls, lambda msgs, tools: render_prompt(tok, msgs, tools))
-        if self.cfg.get("merge_match") == "text":
-            counts["text_aligned"] = align.align_text(calls, lambda ids: tok.decode(
-                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-        counts["drift_repairs"] = drift.repair_drift(calls, lambda ids: tok.decode(ids, skip_special_tokens=True))
-        return counts
-
     def _untrainable(self, group_ids: list[str], cause: str) -> None:
         """A batch the loss refused: its groups are quarantined with the cause, training goes on."""
         log.error("%s: a batch cannot be trained (%s); its groups are quarantined", self.model_name, cause)
@@ -272,7 +278,8 @@ class Learner(ManagedActor):
         self.send(self.registry, proto.Quarantined(self.model_name, group_id, cause))
 
     def _send_counts(self) -> None:
-        self.send(self.registry, proto.StoreCounts(self.model_name, self.store.counts()))
+        if self.store is not None:
+            self.send(self.registry, proto.StoreCounts(self.model_name, self.store.counts()))
 
     def _train(self, batch: dict) -> None:
         """One step: drop stale tokens, train, publish the new weights, then tell everyone."""
@@ -325,10 +332,7 @@ class Learner(ManagedActor):
         batch = f["batch"]
         tasks = {t: v["groups"] for t, v in batch["stats"].get("by_task", {}).items()}
         record = step_record(self.model_name, self.step, self.version, batch, f["fresh"], f["info"], f["times"],
-                             self.published_bytes, f["pushed_s"])
-        if self.group is not None and not f["info"].get("skipped"):     # each rank's time for this step
-            record["rank_step_s"] = [round(f["times"].published - f["times"].trained, 4),
-                                     *self.commands.step_times(self.group.world)]
+                             self.published_bytes, f["pushed_s"], self.commands and self.commands.step_times(self.group.world))
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)
@@ -371,19 +375,12 @@ class Learner(ManagedActor):
             self.commands.post("optimizer")
         checkpoint_write.write(folder, self.step, self.version, self.full_peft or self.full_model, self.tokenizer,
                                trainable.optimizer_state(self.model, self.optimizer))   # LoRA: the adapter
-        out = folder / f"step_{self.step:06d}"
-        gone = checkpoint_retention.prune(out.parent, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
-        if gone:
-            log.info("%s: checkpoints of steps %s deleted (keeping the newest %d and the best %d)", self.model_name,
-                     gone, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
+        checkpoint_retention.prune(folder, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
         # Retention: a restarted learner rewinds to this checkpoint, so what it trained up to
         # here is never needed again (exported first with [train] keep_trajectories).
         archive = self.run_dir / "trajectories" / f"{self.model_name}.jsonl" \
             if self.train_cfg.get("keep_trajectories") else None
-        gone = self.store.retain(self.step, archive=archive, keep_closed_s=2 * self.train_cfg["episode_max_s"])
-        if gone["groups"]:
-            log.info("%s: retention at step %d: %d groups (%d episodes) left the episode store%s", self.model_name,
-                     self.step, gone["groups"], gone["episodes"], f", appended to {archive}" if archive else "")
+        self.store.retain(self.step, archive=archive, keep_closed_s=2 * self.train_cfg["episode_max_s"])
 
     def on_stop(self) -> None:
         if getattr(self, "commands", None) is not None:

@@ -37,6 +37,7 @@ class Registry(ManagedActor):
         self.runners: list = []
         self.restarts: dict = {}
         self.actors: dict[str, dict] = {}          # path → where its current incarnation runs
+        self.waiting: dict[str, dict] = {}         # path → the placement no live node matches yet
         self.relinks: dict[str, int] = {}
         self.desk = EpisodeDesk(ctx, self.epoch)
         self.routes = self.desk.handlers()
@@ -154,6 +155,10 @@ class Registry(ManagedActor):
         for path in gone:
             del self.actors[path]           # a runner that is gone has no PID to act on
 
+    def receiveMsg_ChildrenWaiting(self, msg: m.ChildrenWaiting, sender):
+        self.waiting = {p: w for p, w in self.waiting.items() if p.rsplit("/", 1)[0] != msg.path}
+        self.waiting.update({f"{msg.path}/{cid}": placement for cid, placement in msg.waiting.items()})
+
     def receiveMsg_ActorUp(self, msg: m.ActorUp, sender):
         self.actors[msg.path] = {"path": msg.path, "pid": msg.pid, "node": msg.node, "host": msg.host,
                                  "since": time.time()}
@@ -180,7 +185,8 @@ class Registry(ManagedActor):
                 "nodes_lost": self.table.lost_count,
                 "runners": runners,
                 "actors": actors,
-                "restarts": self.restarts}
+                "restarts": self.restarts,
+                "waiting": dict(self.waiting)}      # path → the placement no live node matches
         data.update(self.desk.status())
         self.send(sender, m.Status(data))
 

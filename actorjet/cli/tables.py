@@ -13,6 +13,9 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
         console.print(("[bold red]" if line.startswith("stalled") else "[bold]") + line + "[/]")
     if data.get("paused"):                      # a full disk (actorjet/disk.py)
         console.print("[bold red]" + escape(data["paused"]) + "[/]")
+    for path, placement in sorted((data.get("waiting") or {}).items()):
+        want = ", ".join(f"{k} = {v!r}" for k, v in placement.items())
+        console.print(f"[yellow]WAITING: {escape(path)} for a node with {escape(want)}[/]")
     nodes = Table(title="nodes")
     for col in ("name", "node_id", "alive", "slots", "cpus", "gpus", "note"):
         nodes.add_column(col)

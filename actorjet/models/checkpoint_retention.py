@@ -67,4 +67,7 @@ def prune(folder: Path, keep_last: int, keep_best: int) -> list[int]:
     gone = to_delete(steps, scores, keep_last, keep_best)
     for step in gone:
         shutil.rmtree(folder / f"step_{step:06d}", ignore_errors=True)
+    if gone:
+        log.info("%s: checkpoints of steps %s deleted (keeping the newest %d and the best %d)", folder, gone,
+                 keep_last, keep_best)
     return gone

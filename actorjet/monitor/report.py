@@ -41,6 +41,7 @@ def build(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ("Reward and held-out accuracy by learner step", _curves(train, evals, models, "step", t0)),
         ("Reward and held-out accuracy by wall-clock time", _curves(train, evals, models, "time", t0)),
         ("Where each step's time goes", _step_time(train, models)),
+        ("Learner ranks: each rank's time to train a step", _ranks(train, models)),
         ("Throughput", _throughput(train, swarm, t0)),
         ("Context tracker: training tokens saved", _context(train, models)),
         ("Faults and restarts over time", _faults(swarm, t0)),
@@ -149,6 +150,25 @@ def _step_time(train, models) -> str | None:
             ax.bar([r["step"] for r in pts], values, bottom=bottom, width=1.0,
                    label=f"{model}: {key[:-2].replace('_', ' ')}")
             bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("seconds")
+    _legend(ax, fontsize=8)
+    return _png(fig)
+
+
+def _ranks(train, models) -> str | None:
+    """One line per learner rank (``learner = { ranks = N }``): a slow rank is the step's time."""
+    mine = [r for r in train if isinstance(r.get("rank_step_s"), list) and r["rank_step_s"]]
+    if not mine:
+        return None
+    fig, ax = _figure()
+    for model in models:
+        pts = [r for r in mine if r["model"] == model]
+        for k in range(max((len(r["rank_step_s"]) for r in pts), default=0)):
+            xy = [(r["step"], r["rank_step_s"][k]) for r in pts if k < len(r["rank_step_s"])
+                  and _number(r["rank_step_s"][k])]
+            if xy:
+                ax.plot(*zip(*xy), marker=".", label=f"{model}: rank {k}")
     ax.set_xlabel("learner step")
     ax.set_ylabel("seconds")
     _legend(ax, fontsize=8)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import socket
 import threading
@@ -118,7 +119,13 @@ class Leader:
         self.url = f"{address}:{self.store.port}"
 
     def missing(self) -> list[int]:
-        return [k for k in range(1, self.world) if not self.store.check([f"here/{k}"])]
+        """The ranks not arrived yet (each change is logged: a rank waiting for its node to be
+        placed shows in status as WAITING, and here)."""
+        missing = [k for k in range(1, self.world) if not self.store.check([f"here/{k}"])]
+        if missing != getattr(self, "reported", None):
+            logging.getLogger("actorjet").info("learner rank 0 at %s waits for ranks %s", self.url, missing)
+            self.reported = missing
+        return missing
 
     def join(self, device: str = "cpu") -> RankGroup:
         _gloo_interface(self.address)

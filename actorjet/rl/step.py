@@ -48,8 +48,9 @@ class StepTimes:
 
 
 def step_record(model: str, step: int, version: int, batch: dict, fresh: Fresh, info: dict,
-                times: StepTimes, publish_bytes: int, push_s: float | None) -> dict:
-    """The ``kind = "train"`` line of metrics.jsonl for one step (docs/metrics.md)."""
+                times: StepTimes, publish_bytes: int, push_s: float | None, other_ranks: list | None = None) -> dict:
+    """The ``kind = "train"`` line of metrics.jsonl for one step (docs/metrics.md).  ``other_ranks``:
+    with learner ranks, the step times ranks 1… reported; the line then has every rank's."""
     stats = batch["stats"]
     record = {"kind": "train", "model": model, "step": step, "weight_version": version,
               "reward_mean": stats.get("reward_mean"), "groups": len(batch["group_ids"]),
@@ -61,4 +62,6 @@ def step_record(model: str, step: int, version: int, batch: dict, fresh: Fresh, 
               "batch_wait_s": time.time() - stats.get("created", time.time()),
               **{k: v for k, v in info.items() if k != "skipped"}}
     record.update({k: stats[k] for k in BATCH_STATS if k in stats})
+    if other_ranks is not None and not info.get("skipped"):
+        record["rank_step_s"] = [round(times.published - times.trained, 4), *other_ranks]
     return record

@@ -172,6 +172,14 @@ class RunnersChanged:
 
 
 @dataclass
+class ChildrenWaiting:
+    """A supervisor → registry: its children that wait for a node matching their placement
+    ({child id: placement}; empty: none waits), so `actorjet status` says what waits and why."""
+    path: str
+    waiting: dict
+
+
+@dataclass
 class GetStatus:
     pass
 

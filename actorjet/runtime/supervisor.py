@@ -75,6 +75,7 @@ class Supervisor(ManagedActor):
         else:
             for child in self.spec.children:
                 self._start(child)
+            self._report_waiting()
         self._subscribe_nodes()
 
     def receiveMsg_Init(self, msg: m.Init, sender):
@@ -148,6 +149,15 @@ class Supervisor(ManagedActor):
             self._start_dynamic(child)
         self._report_children()
 
+    def _report_waiting(self, again: bool = False) -> None:
+        """Declared children that wait for a node (placement), for status (dynamic ones are
+        in ``_report_children``'s rows)."""
+        waiting = {c.id: dict(c.placement) for c in self.spec.children if c.id in self.waiting}
+        if self.dynamic or self.registry is None or (waiting == getattr(self, "reported_waiting", {}) and not again):
+            return
+        self.reported_waiting = waiting
+        self.send(self.registry, m.ChildrenWaiting(self.path, waiting))
+
     def _report_children(self) -> None:
         """Where the dynamic children are: the registry adds what each is doing (status)."""
         if not self.dynamic or self.registry is None:
@@ -190,6 +200,7 @@ class Supervisor(ManagedActor):
         for child in self.spec.children:
             if child.id in waiting and not self.escalated:
                 self._start(child)
+        self._report_waiting()
 
     def receiveMsg_NodeLost(self, msg: m.NodeLost, sender):
         """thespian never reports children on a dead node: their node's loss is their failure."""
@@ -217,6 +228,7 @@ class Supervisor(ManagedActor):
                 self._stop(child_id)          # best effort: a cut node may still run it
                 self._report_restart(f"{self.path}/{child_id}")
                 self._start(next(c for c in self.spec.children if c.id == child_id))
+        self._report_waiting()
 
     def _stop(self, child_id: str) -> None:
         addr = self.addresses.pop(child_id, None)
@@ -229,6 +241,7 @@ class Supervisor(ManagedActor):
             self.send(addr, m.ContextUpdate(context))
         self._subscribe_nodes()
         self._report_children()          # a restarted registry knows nothing of them yet
+        self._report_waiting(again=bool(getattr(self, "reported_waiting", {})))
 
     # -- failures -----------------------------------------------------------------------
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):

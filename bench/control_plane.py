@@ -1,0 +1,168 @@
+"""The control plane under many agents: simulated runners against one head (issue 33).
+
+    python bench/control_plane.py [--runners 10,100,300,1000] [--seconds 20] [--processes 2]
+
+A real head (registry, door, a tiny-arith model's gateway, engine and learner) and simulated
+runners that speak the outbound protocol (docs/multi-host.md) with zero-work behaviors: each
+runner asks the door for one group, stores its rewards at the gateway (one POST per lease, as
+runner/results.py does), and reports the lease done to the door, then asks again.  Many
+runners share a process (asyncio, one HTTP connection pool per process), so 1,000 runners
+are ``--processes`` processes, not 1,000.  No LLM call is made: what is measured is the swarm's
+bookkeeping (leases, the episode store's rewards, results, groups judged complete), not the data plane.
+
+Per runner count: leases granted per second, episodes finished per second (their rewards
+stored and their lease reported), lease latency (p50 / p99, from the runner's side), and the
+registry's CPU seconds per 1,000 episodes (psutil, the registry actor's process).  Prints a
+table and writes bench/results/control_plane.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from common import table, write  # noqa: E402
+
+GROUP_SIZE = 8
+JOB = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 10 ** 6, "checkpoint_every": 10 ** 6}],
+       "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
+       # a window the learner never closes: leases are bounded by the runners alone
+       "train": {"group_size": GROUP_SIZE, "groups_per_step": 256, "max_staleness": 100_000, "steps": 10 ** 6,
+                 "lease_timeout_s": 600.0}}
+
+
+async def _runner(session, door: str, token: str, name: str, until: float, out: dict) -> None:
+    """One simulated runner: lease one group, store its rewards, report it, again."""
+    auth = {"Authorization": f"Bearer {token}"}
+    while time.time() < until:
+        t0 = time.perf_counter()
+        async with session.post(f"{door}/v1/actorjet/leases", json={"runner_id": name, "max_groups": 1},
+                                headers=auth) as r:
+            answer = await r.json()
+        out["latency"].append(time.perf_counter() - t0)
+        if not answer.get("leases"):
+            out["no_work"] += 1
+            await asyncio.sleep(min(float(answer.get("retry_s", 0.05)), 0.2))
+            continue
+        for lease in answer["leases"]:
+            out["leases"] += 1
+            group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
+                     "behavior": lease["behavior"], "version": lease["version"]}
+            episodes = [{"episode_id": e["episode_id"], "api_key": e["api_key"], "member": m, "reward": float(m % 2)}
+                        for e, m in zip(lease["episodes"], lease["members"])]
+            for url in lease["urls"].values():
+                async with session.post(url.removesuffix("/v1") + "/v1/actorjet/results",
+                                        json={"group": group, "episodes": episodes}) as r:
+                    refused = (await r.json()).get("refused", [])
+            results = [{"episode_id": e["episode_id"], **({"error": "refused"} if e["episode_id"] in refused else {})}
+                       for e in episodes]
+            async with session.post(f"{door}/v1/actorjet/results", headers=auth,
+                                    json={"runner_id": name, "lease_id": lease["lease_id"], "results": results}) as r:
+                await r.read()
+            out["episodes"] += len(results) - len(refused)
+
+
+def _client(door: str, token: str, runners: int, offset: int, seconds: float, result_file: str) -> None:
+    """A process of ``runners`` simulated runners (asyncio), for ``seconds``."""
+    import aiohttp
+
+    async def main() -> dict:
+        out = {"latency": [], "leases": 0, "episodes": 0, "no_work": 0}
+        connector = aiohttp.TCPConnector(limit=runners)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+            until = time.time() + seconds
+            await asyncio.gather(*(_runner(session, door, token, f"sim-{offset + k}", until, out)
+                                   for k in range(runners)))
+        return out
+
+    Path(result_file).write_text(json.dumps(asyncio.run(main())))
+
+
+def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: Path) -> dict:
+    import psutil
+
+    registry = next(a["pid"] for a in head.status()["actors"] if a["path"] == "root/registry")
+    cpu0 = sum(psutil.Process(registry).cpu_times()[:2])
+    per = [runners // processes + (1 if k < runners % processes else 0) for k in range(processes)]
+    files = [tmp / f"cp-{runners}-{k}.json" for k in range(processes)]
+    procs = [mp.get_context("spawn").Process(target=_client, args=(door, head.token, n, sum(per[:k]), seconds, str(f)))
+             for k, (n, f) in enumerate(zip(per, files)) if n]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(seconds + 120)
+    wall = time.perf_counter() - t0
+    cpu = sum(psutil.Process(registry).cpu_times()[:2]) - cpu0
+    parts = [json.loads(f.read_text()) for f in files if f.exists()]
+    latency = sorted(x for part in parts for x in part["latency"])
+    episodes = sum(p["episodes"] for p in parts)
+    q = lambda f: latency[min(len(latency) - 1, int(f * len(latency)))] * 1000 if latency else None  # noqa: E731
+    return {"runners": runners, "seconds": seconds, "wall_s": wall, "leases_per_s": sum(p["leases"] for p in parts) / seconds,
+            "episodes_per_s": episodes / seconds, "no_work_answers": sum(p["no_work"] for p in parts),
+            "lease_p50_ms": q(0.5), "lease_p99_ms": q(0.99), "lease_mean_ms": statistics.fmean(latency) * 1000 if latency else None,
+            "registry_cpu_s_per_1k_episodes": cpu / episodes * 1000 if episodes else None}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runners", default="10,100,300,1000", help="runner counts to sweep (default %(default)s)")
+    ap.add_argument("--seconds", type=float, default=20.0, help="seconds per runner count (default %(default)s)")
+    ap.add_argument("--processes", type=int, default=2, help="client processes the runners share (default %(default)s)")
+    args = ap.parse_args()
+    try:
+        counts = [int(x) for x in args.runners.split(",")]
+    except ValueError:
+        ap.error(f"--runners must be comma-separated whole numbers, got {args.runners!r}")
+    if not counts or min(counts) < 1 or args.seconds <= 0 or args.processes < 1:
+        ap.error("--runners must be >= 1 each, --seconds > 0, --processes >= 1")
+
+    from actorjet.config import normalize, tree_path
+    from actorjet.models.prepare import prepare
+    from actorjet.runtime.head import Head
+    from actorjet.runtime.system import free_port
+    from actorjet.runtime.tree_spec import load_tree
+
+    rows, results = [], []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        job = prepare(normalize(JOB, "bench"))
+        door_port = free_port()
+        head = Head(tmp / "run", load_tree(tree_path("default.toml")), job, port=free_port(), door_port=door_port)
+        head.start()
+        try:
+            door = f"http://127.0.0.1:{door_port}"
+            deadline = time.time() + 120
+            while "gateway" not in head.status().get("services", {}).get("policy", {}):
+                if time.time() > deadline:
+                    raise SystemExit("the gateway did not come up")
+                time.sleep(0.2)
+            measure(head, door, 4, 3.0, 1, tmp)             # warm-up: connections, first leases
+            for n in counts:
+                r = measure(head, door, n, args.seconds, args.processes, tmp)
+                results.append(r)
+                rows.append((n, f"{r['leases_per_s']:.0f}", f"{r['episodes_per_s']:.0f}",
+                             f"{r['lease_p50_ms']:.1f} / {r['lease_p99_ms']:.1f}",
+                             f"{r['registry_cpu_s_per_1k_episodes']:.3f}" if r["registry_cpu_s_per_1k_episodes"] else "-"))
+                print(json.dumps(r), flush=True)
+        finally:
+            head.stop()
+    table(rows, ("runners", "leases/s", "episodes/s", "lease p50 / p99 ms", "registry CPU s / 1k episodes"))
+    write("control_plane", {"cores": os.cpu_count(), "group_size": GROUP_SIZE, "processes": args.processes,
+                            "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
