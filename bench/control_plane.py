@@ -92,8 +92,17 @@ def _client(door: str, token: str, runners: int, offset: int, seconds: float, re
 def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: Path) -> dict:
     import psutil
 
-    registry = next(a["pid"] for a in head.status()["actors"] if a["path"] == "root/registry")
-    cpu0 = sum(psutil.Process(registry).cpu_times()[:2])
+    actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
+
+    def cpu() -> dict:
+        out = {}
+        for path, pid in actors.items():
+            try:
+                out[path] = sum(psutil.Process(pid).cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return out
+    cpu0 = cpu()
     per = [runners // processes + (1 if k < runners % processes else 0) for k in range(processes)]
     files = [tmp / f"cp-{runners}-{k}.json" for k in range(processes)]
     procs = [mp.get_context("spawn").Process(target=_client, args=(door, head.token, n, sum(per[:k]), seconds, str(f)))
@@ -104,7 +113,7 @@ def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: 
     for p in procs:
         p.join(seconds + 120)
     wall = time.perf_counter() - t0
-    cpu = sum(psutil.Process(registry).cpu_times()[:2]) - cpu0
+    used = {path: t - cpu0[path] for path, t in cpu().items() if path in cpu0}
     parts = [json.loads(f.read_text()) for f in files if f.exists()]
     latency = sorted(x for part in parts for x in part["latency"])
     episodes = sum(p["episodes"] for p in parts)
@@ -112,7 +121,11 @@ def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: 
     return {"runners": runners, "seconds": seconds, "wall_s": wall, "leases_per_s": sum(p["leases"] for p in parts) / seconds,
             "episodes_per_s": episodes / seconds, "no_work_answers": sum(p["no_work"] for p in parts),
             "lease_p50_ms": q(0.5), "lease_p99_ms": q(0.99), "lease_mean_ms": statistics.fmean(latency) * 1000 if latency else None,
-            "registry_cpu_s_per_1k_episodes": cpu / episodes * 1000 if episodes else None}
+            "registry_cpu_s_per_1k_episodes": used["registry"] / episodes * 1000 if episodes else None,
+            "cpu_s_per_1k_episodes": {path: round(t / episodes * 1000, 4) for path, t in sorted(used.items())
+                                      if episodes and t > 0.01},
+            "busiest_actor": max(used, key=used.get) if used else None,
+            "busiest_actor_cores": max(used.values()) / wall if used else None}
 
 
 def main() -> int:

@@ -33,3 +33,68 @@ def test_good_bodies_pass_through():
         {"episode_id": "e", "reward": 0.5}, {"episode_id": "f", "error": "boom"}]})
     assert result.runner_id == "outbound:r"       # done or failed; a reward is the stores' business
     assert result.results == [{"episode_id": "e"}, {"episode_id": "f", "error": "boom"}]
+
+
+@pytest.mark.slow
+def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounted_for(tmp_path):
+    """40 runners asking the door at the same moment: their requests and results reach the
+    registry in shared frames (proto.Batch) and come back to the right asker; every lease
+    ends finished, none is lost, none is answered "registry busy"."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    from actorjet.config import normalize, tree_path
+    from actorjet.models.prepare import prepare
+    from actorjet.runtime.head import Head
+    from actorjet.runtime.system import free_port
+    from actorjet.runtime.tree_spec import load_tree
+
+    job = prepare(normalize({"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 10 ** 6}],
+                             "train": {"group_size": 4, "groups_per_step": 64, "max_staleness": 1000, "steps": 10 ** 6}}))
+    door_port = free_port()
+    head = Head(tmp_path / "run", load_tree(tree_path("default.toml")), job, port=free_port(), door_port=door_port)
+    head.start()
+    try:
+        door, auth = f"http://127.0.0.1:{door_port}", {"Authorization": f"Bearer {head.token}"}
+        deadline = time.time() + 60
+        while "gateway" not in head.status().get("services", {}).get("policy", {}):
+            assert time.time() < deadline, "the gateway did not come up"
+            time.sleep(0.2)
+        seen = {"leases": 0, "busy": 0, "answers": 0}
+
+        async def runner(session, name: str) -> None:
+            for _ in range(5):
+                async with session.post(f"{door}/v1/actorjet/leases", headers=auth,
+                                        json={"runner_id": name, "max_groups": 1}) as r:
+                    answer = await r.json()
+                seen["answers"] += 1
+                seen["busy"] += answer.get("reason") == "registry busy"
+                for lease in answer["leases"]:
+                    seen["leases"] += 1
+                    episodes = [{"episode_id": e["episode_id"], "api_key": e["api_key"], "member": m, "reward": 1.0}
+                                for e, m in zip(lease["episodes"], lease["members"])]
+                    group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
+                             "behavior": lease["behavior"], "version": lease["version"]}
+                    for url in lease["urls"].values():
+                        async with session.post(url.removesuffix("/v1") + "/v1/actorjet/results",
+                                                json={"group": group, "episodes": episodes}) as r:
+                            assert r.status == 200 and not (await r.json()).get("refused")
+                    async with session.post(f"{door}/v1/actorjet/results", headers=auth, json={
+                            "runner_id": name, "lease_id": lease["lease_id"],
+                            "results": [{"episode_id": e["episode_id"]} for e in episodes]}) as r:
+                        assert r.status == 200
+
+        async def main() -> None:
+            async with aiohttp.ClientSession() as session:
+                await asyncio.gather(*(runner(session, f"sim-{k}") for k in range(40)))
+        asyncio.run(main())
+        assert seen["answers"] == 200 and seen["busy"] == 0 and seen["leases"] >= 150, seen
+        deadline = time.time() + 30
+        while (g := head.status()["groups"])["finished"] < seen["leases"]:
+            assert time.time() < deadline, g
+            time.sleep(0.2)
+        assert g["finished"] == g["issued"] == seen["leases"] and g["dropped"] == 0 and g["late_results_rejected"] == 0, g
+    finally:
+        head.stop()

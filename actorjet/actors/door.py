@@ -199,7 +199,7 @@ class Door(ManagedActor):
 
     # -- actor side ------------------------------------------------------------------------
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
-        now = time.monotonic()
+        now, batch = time.monotonic(), []
         for message, loop, future in self.inbox.drain():
             if message == "status":
                 self._status_wanted(loop, future)
@@ -208,8 +208,9 @@ class Door(ManagedActor):
                 message.tag = str(next(self.tags))
                 self.waiting[message.tag] = (loop, future, now)
                 self.seen[message.runner_id] = time.time()
-            if self.registry is not None:
-                self.send(self.registry, message)
+            batch.append(message)
+        if batch and self.registry is not None:         # one frame for all of them (proto.Batch)
+            self.send(self.registry, batch[0] if len(batch) == 1 else proto.Batch(batch))
         for tag, (_, _, at) in list(self.waiting.items()):
             if now - at > ASK_TIMEOUT_S:
                 del self.waiting[tag]         # the handler answered "registry busy" already
@@ -221,6 +222,11 @@ class Door(ManagedActor):
         loop, future, _ = self.waiting.pop(msg.tag, (None, None, None))
         if loop is not None:
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(msg))
+
+    def receiveMsg_Batch(self, msg: proto.Batch, sender):
+        for inner in msg.messages if isinstance(msg.messages, list) else []:
+            if isinstance(inner, (proto.Leases, proto.NoWork, proto.AbandonLease)):
+                self.receiveMessage(inner, sender)
 
     def receiveMsg_Leases(self, msg: proto.Leases, sender):
         self._answer(msg)

@@ -198,6 +198,23 @@ class Registry(ManagedActor):
             return
         self._send_all(handler(msg, sender))
 
+    def receiveMsg_Batch(self, msg, sender):
+        """The door's messages in one frame: each handled as if it came alone, and what goes
+        back to one address goes in one frame too."""
+        out = []
+        for inner in msg.messages if isinstance(msg.messages, list) else []:
+            handler = self.routes.get(type(inner))
+            if handler is not None:
+                out += handler(inner, sender)
+        by_address: list[tuple] = []            # (address, replies): thespian addresses do not hash
+        for to, reply in out:
+            entry = next((e for e in by_address if e[0] == to), None)
+            if entry is None:
+                by_address.append(entry := (to, []))
+            entry[1].append(reply)
+        for to, replies in by_address:
+            self.send(to, replies[0] if len(replies) == 1 else type(msg)(replies))
+
     def _send_all(self, out: list) -> None:
         for to, msg in out:
             self.send(to, msg)

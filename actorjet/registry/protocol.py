@@ -43,6 +43,15 @@ class NoWork:
 
 
 @dataclass
+class Batch:
+    """Many control messages in one frame: the door's lease requests and results taken since
+    its last turn (every 20 ms), and the registry's answers to them.  thespian spends most of a
+    message's cost on the frame, not on what it carries, so at hundreds of outbound runners
+    the door and the registry were busy with frames (bench/control_plane.py)."""
+    messages: list
+
+
+@dataclass
 class AbandonLease:
     """Registry → runner: this lease expired (its episodes made no LLM call for the idle
     limit, or ran past the total limit): report its unfinished episodes as failed now and
