@@ -65,25 +65,34 @@ def refuse_engines_of_adapters(tree: ChildSpec, job: dict) -> None:
     walk(tree, None)
 
 
-def with_engine_replicas(tree: ChildSpec, job: dict) -> ChildSpec:
-    """``engines = N`` in a model's entry: its subtree's engine child becomes N children,
-    ``engine`` (replica 0) and ``engine.1`` … ``engine.N-1``, each announcing its own service
-    (actors/engine.py) and placed by ``engine_placement`` when given."""
+def _expand(tree: ChildSpec, job: dict, expand) -> ChildSpec:
+    """The tree with some children replaced: ``expand(child, its model's job entry)`` returns
+    the children that take its place, or None to keep it (and look inside it).  A child's
+    model is its own ``model`` arg or the nearest ancestor's."""
     by_name = {mc["name"]: mc for mc in job.get("models", [])}
 
     def walk(spec: ChildSpec, model: str | None) -> ChildSpec:
         model = spec.args.get("model", model)
         children = []
         for child in spec.children:
-            entry = by_name.get(child.args.get("model", model), {})
-            if child.kind != "engine" or (entry.get("engines", 1) == 1 and not entry.get("engine_placement")):
-                children.append(walk(child, model))
-                continue
-            places = entry.get("engine_placement") or [child.placement] * entry["engines"]
-            children += [replace(child, id=child.id if k == 0 else f"{child.id}.{k}", args={**child.args, "replica": k},
-                                 placement=dict(places[k])) for k in range(entry["engines"])]
+            made = expand(child, by_name.get(child.args.get("model", model), {}))
+            children += [walk(child, model)] if made is None else made
         return replace(spec, children=children)
     return walk(tree, None)
+
+
+def with_engine_replicas(tree: ChildSpec, job: dict) -> ChildSpec:
+    """``engines = N`` in a model's entry: its subtree's engine child becomes N children,
+    ``engine`` (replica 0) and ``engine.1`` … ``engine.N-1``, each announcing its own service
+    (actors/engine.py) and placed by ``engine_placement`` when given."""
+    def expand(child: ChildSpec, entry: dict) -> list | None:
+        n = entry.get("engines", 1)
+        if child.kind != "engine" or (n == 1 and not entry.get("engine_placement")):
+            return None
+        places = entry.get("engine_placement") or [child.placement] * n
+        return [replace(child, id=child.id if k == 0 else f"{child.id}.{k}", args={**child.args, "replica": k},
+                        placement=dict(places[k])) for k in range(n)]
+    return _expand(tree, job, expand)
 
 
 def with_learner_ranks(tree: ChildSpec, job: dict) -> ChildSpec:
@@ -92,25 +101,16 @@ def with_learner_ranks(tree: ChildSpec, job: dict) -> ChildSpec:
     and ``learner.1`` … (actors/learner_rank.py), placed by ``learner.placement`` when given.
     One_for_all: a rank's death stops the group's collectives, so every rank restarts and
     rank 0 resumes from its checkpoint."""
-    by_name = {mc["name"]: mc for mc in job.get("models", [])}
-
-    def walk(spec: ChildSpec, model: str | None) -> ChildSpec:
-        model = spec.args.get("model", model)
-        children = []
-        for child in spec.children:
-            entry = by_name.get(child.args.get("model", model), {})
-            world = entry.get("learner", {}).get("ranks", 1)
-            if child.kind != "learner" or world == 1:
-                children.append(walk(child, model))
-                continue
-            places = entry["learner"].get("placement") or [child.placement] * world
-            ranks = [replace(child, id=child.id if k == 0 else f"{child.id}.{k}", kind="learner" if k == 0 else "learner_rank",
-                             args={**child.args, "rank": k, "world": world}, placement=dict(places[k]))
-                     for k in range(world)]
-            children.append(ChildSpec(id=f"{child.id}s", kind="supervisor", strategy="one_for_all", max_restarts=5,
-                                      period_s=60.0, args=dict(child.args), children=ranks))
-        return replace(spec, children=children)
-    return walk(tree, None)
+    def expand(child: ChildSpec, entry: dict) -> list | None:
+        world = entry.get("learner", {}).get("ranks", 1)
+        if child.kind != "learner" or world == 1:
+            return None
+        places = entry["learner"].get("placement") or [child.placement] * world
+        ranks = [replace(child, id=child.id if k == 0 else f"{child.id}.{k}", kind="learner" if k == 0 else "learner_rank",
+                         args={**child.args, "rank": k, "world": world}, placement=dict(places[k])) for k in range(world)]
+        return [ChildSpec(id=f"{child.id}s", kind="supervisor", strategy="one_for_all", max_restarts=5, period_s=60.0,
+                          args=dict(child.args), children=ranks)]
+    return _expand(tree, job, expand)
 
 
 def read_head_file(run_dir: Path) -> dict:
