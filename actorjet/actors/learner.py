@@ -15,6 +15,7 @@ A frozen model (``trainable = false``) gets no learner in the tree.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -384,7 +385,8 @@ class Learner(ManagedActor):
 
     def on_stop(self) -> None:
         if getattr(self, "commands", None) is not None:
-            self.commands.post("stop")
+            with contextlib.suppress(Exception):      # (the other ranks may be gone already)
+                self.commands.post("stop")
         if getattr(self, "evals", None) is not None:
             self.evals.shutdown()
         if getattr(self, "stopping", None) is not None:
