@@ -59,19 +59,23 @@ def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounte
     try:
         door, auth = f"http://127.0.0.1:{door_port}", {"Authorization": f"Bearer {head.token}"}
         deadline = time.time() + 60
-        while "gateway" not in head.status().get("services", {}).get("policy", {}):
-            assert time.time() < deadline, "the gateway did not come up"
+        while not {"gateway", "learner"} <= set(head.status().get("services", {}).get("policy", {})):
+            assert time.time() < deadline, "the model did not come up"
             time.sleep(0.2)
         seen = {"leases": 0, "busy": 0, "answers": 0}
 
         async def runner(session, name: str) -> None:
-            for _ in range(5):
+            mine, give_up = 0, time.time() + 60
+            while mine < 4 and time.time() < give_up:       # 4 groups each (the first answers may be "not ready")
                 async with session.post(f"{door}/v1/actorjet/leases", headers=auth,
                                         json={"runner_id": name, "max_groups": 1}) as r:
                     answer = await r.json()
                 seen["answers"] += 1
                 seen["busy"] += answer.get("reason") == "registry busy"
+                if not answer["leases"]:
+                    await asyncio.sleep(float(answer.get("retry_s", 0.1)))
                 for lease in answer["leases"]:
+                    mine += 1
                     seen["leases"] += 1
                     episodes = [{"episode_id": e["episode_id"], "api_key": e["api_key"], "member": m, "reward": 1.0}
                                 for e, m in zip(lease["episodes"], lease["members"])]
@@ -90,7 +94,7 @@ def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounte
             async with aiohttp.ClientSession() as session:
                 await asyncio.gather(*(runner(session, f"sim-{k}") for k in range(40)))
         asyncio.run(main())
-        assert seen["answers"] == 200 and seen["busy"] == 0 and seen["leases"] >= 150, seen
+        assert seen["leases"] == 160 and seen["busy"] == 0, seen
         deadline = time.time() + 30
         while (g := head.status()["groups"])["finished"] < seen["leases"]:
             assert time.time() < deadline, g
