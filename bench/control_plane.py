@@ -31,7 +31,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "tests"))
 
+import sim_runner  # noqa: E402  - the simulated outbound runner the tests use too
 from common import table, write  # noqa: E402
 
 GROUP_SIZE = 8
@@ -42,48 +44,17 @@ JOB = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 10 **
                  "lease_timeout_s": 600.0}}
 
 
-async def _runner(session, door: str, token: str, name: str, until: float, out: dict) -> None:
-    """One simulated runner: lease one group, store its rewards, report it, again."""
-    auth = {"Authorization": f"Bearer {token}"}
-    while time.time() < until:
-        t0 = time.perf_counter()
-        async with session.post(f"{door}/v1/actorjet/leases", json={"runner_id": name, "max_groups": 1},
-                                headers=auth) as r:
-            answer = await r.json()
-        out["latency"].append(time.perf_counter() - t0)
-        if not answer.get("leases"):
-            out["no_work"] += 1
-            await asyncio.sleep(min(float(answer.get("retry_s", 0.05)), 0.2))
-            continue
-        for lease in answer["leases"]:
-            out["leases"] += 1
-            group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
-                     "behavior": lease["behavior"], "version": lease["version"]}
-            episodes = [{"episode_id": e["episode_id"], "api_key": e["api_key"], "member": m, "reward": float(m % 2)}
-                        for e, m in zip(lease["episodes"], lease["members"])]
-            for url in lease["urls"].values():
-                async with session.post(url.removesuffix("/v1") + "/v1/actorjet/results",
-                                        json={"group": group, "episodes": episodes}) as r:
-                    refused = (await r.json()).get("refused", [])
-            results = [{"episode_id": e["episode_id"], **({"error": "refused"} if e["episode_id"] in refused else {})}
-                       for e in episodes]
-            async with session.post(f"{door}/v1/actorjet/results", headers=auth,
-                                    json={"runner_id": name, "lease_id": lease["lease_id"], "results": results}) as r:
-                await r.read()
-            out["episodes"] += len(results) - len(refused)
-
-
 def _client(door: str, token: str, runners: int, offset: int, seconds: float, result_file: str) -> None:
     """A process of ``runners`` simulated runners (asyncio), for ``seconds``."""
     import aiohttp
 
     async def main() -> dict:
-        out = {"latency": [], "leases": 0, "episodes": 0, "no_work": 0}
+        out = sim_runner.counters()
         connector = aiohttp.TCPConnector(limit=runners)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
             until = time.time() + seconds
-            await asyncio.gather(*(_runner(session, door, token, f"sim-{offset + k}", until, out)
-                                   for k in range(runners)))
+            await asyncio.gather(*(sim_runner.run(session, door, token, f"sim-{offset + k}", lambda _: time.time() < until,
+                                                  out) for k in range(runners)))
         return out
 
     Path(result_file).write_text(json.dumps(asyncio.run(main())))
@@ -120,6 +91,7 @@ def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: 
     q = lambda f: latency[min(len(latency) - 1, int(f * len(latency)))] * 1000 if latency else None  # noqa: E731
     return {"runners": runners, "seconds": seconds, "wall_s": wall, "leases_per_s": sum(p["leases"] for p in parts) / seconds,
             "episodes_per_s": episodes / seconds, "no_work_answers": sum(p["no_work"] for p in parts),
+            "refused_episodes": sum(p["refused"] for p in parts),
             "lease_p50_ms": q(0.5), "lease_p99_ms": q(0.99), "lease_mean_ms": statistics.fmean(latency) * 1000 if latency else None,
             "registry_cpu_s_per_1k_episodes": used["registry"] / episodes * 1000 if episodes else None,
             "cpu_s_per_1k_episodes": {path: round(t / episodes * 1000, 4) for path, t in sorted(used.items())

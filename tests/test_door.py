@@ -45,6 +45,8 @@ def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounte
 
     import aiohttp
 
+    import sim_runner
+
     from actorjet.config import normalize, tree_path
     from actorjet.models.prepare import prepare
     from actorjet.runtime.head import Head
@@ -57,44 +59,21 @@ def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounte
     head = Head(tmp_path / "run", load_tree(tree_path("default.toml")), job, port=free_port(), door_port=door_port)
     head.start()
     try:
-        door, auth = f"http://127.0.0.1:{door_port}", {"Authorization": f"Bearer {head.token}"}
+        door = f"http://127.0.0.1:{door_port}"          # one head, no node: the runners are this process
         deadline = time.time() + 60
         while not {"gateway", "learner"} <= set(head.status().get("services", {}).get("policy", {})):
             assert time.time() < deadline, "the model did not come up"
             time.sleep(0.2)
-        seen = {"leases": 0, "busy": 0, "answers": 0}
-
-        async def runner(session, name: str) -> None:
-            mine, give_up = 0, time.time() + 60
-            while mine < 4 and time.time() < give_up:       # 4 groups each (the first answers may be "not ready")
-                async with session.post(f"{door}/v1/actorjet/leases", headers=auth,
-                                        json={"runner_id": name, "max_groups": 1}) as r:
-                    answer = await r.json()
-                seen["answers"] += 1
-                seen["busy"] += answer.get("reason") == "registry busy"
-                if not answer["leases"]:
-                    await asyncio.sleep(float(answer.get("retry_s", 0.1)))
-                for lease in answer["leases"]:
-                    mine += 1
-                    seen["leases"] += 1
-                    episodes = [{"episode_id": e["episode_id"], "api_key": e["api_key"], "member": m, "reward": 1.0}
-                                for e, m in zip(lease["episodes"], lease["members"])]
-                    group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
-                             "behavior": lease["behavior"], "version": lease["version"]}
-                    for url in lease["urls"].values():
-                        async with session.post(url.removesuffix("/v1") + "/v1/actorjet/results",
-                                                json={"group": group, "episodes": episodes}) as r:
-                            assert r.status == 200 and not (await r.json()).get("refused")
-                    async with session.post(f"{door}/v1/actorjet/results", headers=auth, json={
-                            "runner_id": name, "lease_id": lease["lease_id"],
-                            "results": [{"episode_id": e["episode_id"]} for e in episodes]}) as r:
-                        assert r.status == 200
+        seen = sim_runner.counters()
 
         async def main() -> None:
-            async with aiohttp.ClientSession() as session:
-                await asyncio.gather(*(runner(session, f"sim-{k}") for k in range(40)))
+            async with aiohttp.ClientSession() as session:      # 4 groups each ("not ready" answers wait)
+                give_up = time.time() + 60
+                await asyncio.gather(*(sim_runner.run(session, door, head.token, f"sim-{k}",
+                                                      lambda mine: mine < 4 and time.time() < give_up, seen)
+                                       for k in range(40)))
         asyncio.run(main())
-        assert seen["leases"] == 160 and seen["busy"] == 0, seen
+        assert seen["leases"] == 160 and seen["busy"] == 0 and seen["refused"] == 0, seen
         deadline = time.time() + 30
         while (g := head.status()["groups"])["finished"] < seen["leases"]:
             assert time.time() < deadline, g

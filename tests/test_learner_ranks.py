@@ -63,7 +63,7 @@ def test_a_rank_whose_rendezvous_is_gone_hears_it_at_once_in_one_line():
     from swarm import free_port
 
     port = free_port()
-    with pytest.raises(RuntimeError) as e:          # nothing listens there (a rank 0 that is gone)
+    with pytest.raises(RuntimeError) as e:          # nothing listens there (a rank 0 that is gone; one process, no hosts)
         ranks.follow(1, 2, "127.0.0.1", port, timeout_s=1.0)
     assert str(e.value) == f"learner rank 1/2: no rendezvous at 127.0.0.1:{port}: nothing listens there"
     t0 = time.monotonic()

@@ -21,16 +21,10 @@ def store_results(lease: dict, results: list[dict]) -> list[dict]:
     """Post the lease's finished episodes to every gateway; returns what the registry hears
     (``outcomes``): those not stored everywhere come back failed.  ``results`` are the
     runner's (episode_id, reward, error)."""
-    keys = {e["episode_id"]: e["api_key"] for e in lease["episodes"]}
-    members = {e["episode_id"]: k for e, k in zip(lease["episodes"], lease.get("members", range(10 ** 9)))}
     good = [r for r in results if not r.get("error") and r.get("reward") is not None]
     if not good:
         return outcomes(results)
-    group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
-             "behavior": lease["behavior"], "version": lease["version"]}
-    body = {"group": group, "episodes": [
-        {"episode_id": r["episode_id"], "api_key": keys[r["episode_id"]],
-         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"]} for r in good]}
+    body = rewards_body(lease, good)
     why: dict[str, str] = {}
     for model, url in sorted(lease["urls"].items()):
         try:
@@ -42,6 +36,18 @@ def store_results(lease: dict, results: list[dict]) -> list[dict]:
             for r in good:
                 why.setdefault(r["episode_id"], f"store unreachable: {model}'s gateway: {detail}")
     return outcomes([failed(r["episode_id"], why[r["episode_id"]]) if r["episode_id"] in why else r for r in results])
+
+
+def rewards_body(lease: dict, good: list[dict]) -> dict:
+    """What a gateway's ``/v1/actorjet/results`` takes for a lease's episodes that ended with a
+    reward (``good``: episode_id, reward): the group, and each episode proven by its key."""
+    keys = {e["episode_id"]: e["api_key"] for e in lease["episodes"]}
+    members = {e["episode_id"]: k for e, k in zip(lease["episodes"], lease.get("members", range(10 ** 9)))}
+    group = {"group_id": lease["group_id"], "size": lease["group_size"], "task_name": lease["task_name"],
+             "behavior": lease["behavior"], "version": lease["version"]}
+    return {"group": group, "episodes": [
+        {"episode_id": r["episode_id"], "api_key": keys[r["episode_id"]],
+         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"]} for r in good]}
 
 
 def outcomes(results: list[dict]) -> list[dict]:
