@@ -22,7 +22,7 @@ from pathlib import Path
 
 from actorjet.checks import is_int
 from actorjet.errors import UserError
-from actorjet.rl import lora
+from actorjet.rl import algorithms, lora
 
 MODEL_DEFAULTS = {
     "name": "policy", "source": "tiny-arith", "engine": "transformers", "device": "cpu",
@@ -46,6 +46,7 @@ MODEL_DEFAULTS = {
     "engine_placement": [],   # one placement table per replica ({ node = N } / { gpus = 1 }); [] = the tree's
     "tensor_parallel_size": 1,   # engine = "vllm": GPUs per replica (vLLM's tensor parallelism)
     "learner": {},       # { ranks = N, placement = [{ node = "a" }, …] }: N learner ranks (actors/learner_rank.py)
+    **algorithms.MODEL_KEYS,   # algorithm = "grpo" | "dr_grpo" | "rloo" | "reinforce_pp" | "gspo" | "ppo", its knobs
 }
 TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
                  "behavior": "agents.arithmetic:behavior", "weight": 1.0}
@@ -142,6 +143,7 @@ def normalize(data: dict, where: str = "job") -> dict:
             raise UserError(f"{where}: model {m['name']!r}: engine_placement must list one placement table per "
                             f"engine replica ({m['engines']}), each with node, gpus or cpus")
         m["learner"] = _learner(m["learner"], f"{where}: model {m['name']!r}: learner")
+        algorithms.check(m, f"{where}: model {m['name']!r}")
         if m["checkpoint_keep_last"] < 1 or m["checkpoint_keep_best"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: checkpoint_keep_last must be >= 1 (the newest is what a "
                             f"restarted learner resumes from) and checkpoint_keep_best >= 0")

@@ -117,7 +117,8 @@ def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
 def step_times(model, packings: dict[str, list[dict]], repeats: int) -> dict[str, float]:
     """Median learner-step time per packing, measured in interleaved rounds so that drifts
     of the machine (other processes, thermal) hit every packing alike."""
-    from actorjet.rl.grpo import GRPOConfig, grpo_step
+    from actorjet.rl.algorithms import Algorithm
+    from actorjet.rl.grpo import grpo_step
 
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     # Packings that came out identical (e.g. tree = prefix on plain chains) are the same
@@ -128,14 +129,14 @@ def step_times(model, packings: dict[str, list[dict]], repeats: int) -> dict[str
         unique[mode] = next((c for c in unique.values() if key[c] == key[mode]), mode)
     times: dict[str, list[float]] = {mode: [] for mode in packings if unique[mode] == mode}
     for mode in times:
-        grpo_step(model, opt, packings[mode], GRPOConfig(), 0)        # warm-up
+        grpo_step(model, opt, packings[mode], Algorithm(), 0)        # warm-up
     rounds = max(repeats, 1)
     for _ in range(rounds):
         for mode in times:
             samples = packings[mode]
             t0, n = time.perf_counter(), 0
             while n < 1 or time.perf_counter() - t0 < 0.1:    # small steps: repeat within a round
-                grpo_step(model, opt, samples, GRPOConfig(), 0)
+                grpo_step(model, opt, samples, Algorithm(), 0)
                 n += 1
             times[mode].append((time.perf_counter() - t0) / n)
     return {mode: statistics.median(times[unique[mode]]) for mode in packings}

@@ -189,11 +189,12 @@ def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actorjet.rl.samples import call_sample, group_advantages
+    from actorjet.rl.samples import call_sample
     from actorjet.config import normalize
     from actorjet.models.prepare import prepare
     from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
-    from actorjet.rl.grpo import GRPOConfig, grpo_step
+    from actorjet.rl.algorithms import Algorithm, episode_advantages
+    from actorjet.rl.grpo import grpo_step
     task_module = importlib.import_module(TASKS.get(model, "digits_task"))
     max_tokens = getattr(task_module, "MAX_TOKENS", 4)
     path = prepare(normalize({"models": [{"name": "policy", "source": model}]}))["models"][0]["path"]
@@ -217,12 +218,12 @@ def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device:
                        for k, r in enumerate(results)}
             if len(set(rewards.values())) < 2:
                 continue
-            adv = group_advantages(rewards)
+            adv = episode_advantages(Algorithm(), rewards)
             samples += [call_sample({"prompt_ids": prompt, "completion_ids": r.completion_ids,
                                      "logprobs": r.logprobs, "temperature": 1.0, "weight_version": 0}, adv[k])
                         for k, r in enumerate(results)]
         if samples:
-            grpo_step(policy, opt, samples, GRPOConfig(), tok.pad_token_id)
+            grpo_step(policy, opt, samples, Algorithm(), tok.pad_token_id)
         times.append(time.perf_counter() - t0)
     return sum(times[warmup:]) / steps
 

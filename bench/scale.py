@@ -57,7 +57,8 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
     from transformers import AutoModelForCausalLM
 
     from actorjet.rl import ranks
-    from actorjet.rl.grpo import GRPOConfig, grpo_step
+    from actorjet.rl.algorithms import Algorithm
+    from actorjet.rl.grpo import grpo_step
     from actorjet.serving import weights
 
     torch.set_num_threads(max(1, CORES // world))
@@ -69,7 +70,7 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
     times, publish = [], []
     for _ in range(repeats + 1):                     # the first is a warm-up
         t0 = time.perf_counter()
-        grpo_step(model, opt, samples, GRPOConfig(), 0, ranks=group)
+        grpo_step(model, opt, samples, Algorithm(), 0, ranks=group)
         times.append(time.perf_counter() - t0)
     target = Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-publish-{os.getpid()}.safetensors"
     for _ in range(repeats):      # a weight version: gathered from the shards on rank 0, then written

@@ -11,10 +11,12 @@ from transformers import AutoModelForCausalLM
 
 from actorjet.rl.calls import prompt_ids, prompt_len
 from actorjet.rl.drift import repair_drift
-from actorjet.rl.pack import full_ids, pack
+from actorjet.rl.critic import Critic
+from actorjet.rl.pack import Credit, full_ids, pack
 from actorjet.rl import exact_attention
 from actorjet.models import zoo
-from actorjet.rl.grpo import MIN_ROWS, GRPOConfig, collate, grpo_step, term_logprobs
+from actorjet.rl.algorithms import Algorithm
+from actorjet.rl.grpo import MIN_ROWS, collate, grpo_step, term_logprobs
 
 VOCAB = range(4, 21)
 # The learner's layout-independent attention (`attention = "exact"`): with it, packed and
@@ -132,10 +134,46 @@ def test_stock_float32_attention_differs_only_by_rounding(stock_model, calls):
         assert max(abs(a - b) for a, b in zip(got, want)) <= STOCK_TOLERANCE
 
 
-def gradient(model_dir, samples):
+def gradient(model_dir, samples, algo=Algorithm(grad_clip=1e9)):
     model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=ATTN)
-    grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, GRPOConfig(grad_clip=1e9), 0)
+    critic = None
+    if algo.name == "ppo":               # a critic on the trunk, its head random so values differ
+        torch.manual_seed(1)
+        critic = Critic(model.config.hidden_size)
+        torch.nn.init.normal_(critic.head.weight, std=0.05)
+    grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), samples, algo, 0, critic=critic)
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def credited(group):
+    """The hypothesis episodes' calls as rl/batching.py credits them: each (role, model) chain one
+    trajectory, its calls its turns, each call's advantage also its reward at its last token."""
+    trajs, out = {}, []
+    for i, (c, adv) in enumerate(group):
+        traj = trajs.setdefault((c["role"], c["model"]), [len(trajs), 0])
+        out.append((c, Credit(adv, i, traj[0], traj[1], adv)))
+        traj[1] += 1
+    return out
+
+
+ALGORITHMS = [Algorithm("dr_grpo", loss_agg="seq-mean-token-sum", grad_clip=1e9),
+              Algorithm("gspo", clip_low=0.2, clip_high=0.28, loss_agg="seq-mean-token-mean", grad_clip=1e9),
+              Algorithm("rloo", tis_cap=2.0, grad_clip=1e9),
+              Algorithm("reinforce_pp", gamma=0.9, grad_clip=1e9),
+              Algorithm("ppo", lam=0.9, grad_clip=1e9)]
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS, ids=[a.name for a in ALGORITHMS])
+@settings(max_examples=3, deadline=None)
+@given(calls=episodes())
+def test_every_algorithm_gets_the_same_gradient_packed_or_not(algo, calls):
+    """Sequence ratios, sequence weights, importance weights, per-token returns and the
+    critic's values (PPO) all follow their tokens into packed samples."""
+    model_dir = zoo.tiny_arith(0)
+    group = credited(next(iter(by_model(calls).values())))
+    grads = {mode: gradient(model_dir, packed_for(group, mode), algo) for mode in ("none", "prefix", "tree-split")}
+    for mode in ("prefix", "tree-split"):
+        assert (grads[mode] - grads["none"]).abs().max() <= TOLERANCE, mode
 
 
 @settings(max_examples=8, deadline=None)

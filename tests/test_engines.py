@@ -75,7 +75,8 @@ def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU
     from transformers import AutoModelForCausalLM
 
     from actorjet.rl.samples import call_sample
-    from actorjet.rl.grpo import GRPOConfig, grpo_step
+    from actorjet.rl.algorithms import Algorithm
+    from actorjet.rl.grpo import grpo_step
 
     path = zoo.tiny_arith(0)
     engine = TransformersEngine(path, device="cuda")
@@ -88,9 +89,9 @@ def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU
                for k, r in enumerate(results)]
     reference = AutoModelForCausalLM.from_pretrained(path).to("cuda").eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    info = grpo_step(model, optimizer, samples, GRPOConfig(kl=0.1), 0, ref_model=reference)
+    info = grpo_step(model, optimizer, samples, Algorithm(kl=0.1), 0, ref_model=reference)
     assert info["tokens"] == sum(len(r.completion_ids) for r in results) and info["grad_norm"] > 0
-    second = grpo_step(model, optimizer, samples, GRPOConfig(kl=0.1), 0, ref_model=reference)
+    second = grpo_step(model, optimizer, samples, Algorithm(kl=0.1), 0, ref_model=reference)
     assert second["kl"] > 0          # the policy moved away from the reference on the GPU
 
 

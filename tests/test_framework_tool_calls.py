@@ -181,7 +181,8 @@ def test_the_episodes_turns_merge_into_one_sequence_each_and_the_learner_steps(p
     from actorjet.models import zoo
     from actorjet.rl import drift
     from actorjet.rl.batching import BatchConfig, next_batch
-    from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, term_logprobs
+    from actorjet.rl.algorithms import Algorithm
+    from actorjet.rl.grpo import collate, grpo_step, term_logprobs
 
     gw, outcomes = played
     episodes = [o["episode"] for o in outcomes.values() if not isinstance(o, Exception)]
@@ -203,7 +204,7 @@ def test_the_episodes_turns_merge_into_one_sequence_each_and_the_learner_steps(p
         before = term_logprobs(model, tensors)
     # the learner's recompute in the merged sequences is the engine's logprob of each sampled token
     assert torch.allclose(before, tensors["old_logprobs"], atol=2e-3), (before - tensors["old_logprobs"]).abs().max()
-    info = grpo_step(model, torch.optim.SGD(model.parameters(), lr=1e-3), batch["samples"], GRPOConfig(),
+    info = grpo_step(model, torch.optim.SGD(model.parameters(), lr=1e-3), batch["samples"], Algorithm(),
                      gw.tokenizer.pad_token_id or 0)
     assert info["tokens"] == len(tensors["term_tok"]) and info["grad_norm"] > 0
     with torch.no_grad():

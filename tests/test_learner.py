@@ -5,10 +5,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from actorjet.rl.samples import call_sample, group_advantages, reward_for
+from actorjet.rl.samples import call_sample, reward_for
 from actorjet.models import zoo
 from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
-from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, micro_batches, term_logprobs
+from actorjet.rl.algorithms import Algorithm, episode_advantages
+from actorjet.rl.grpo import collate, grpo_step, micro_batches, term_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_a_step_moves_logprobs_in_the_direction_of_the_advantages(model_dir):
     samples = [call_sample(good, +1.0), call_sample(bad, -1.0)]
     before = [seq_logprob(model, s) for s in samples]
     opt = torch.optim.SGD(model.parameters(), lr=0.01)    # a small first-order step
-    info = grpo_step(model, opt, samples, GRPOConfig(), pad_id=0)
+    info = grpo_step(model, opt, samples, Algorithm(), pad_id=0)
     after = [seq_logprob(model, s) for s in samples]
     # What the gradient optimizes to first order: the positive sample gains on the negative one.
     assert after[0] - after[1] > before[0] - before[1]
@@ -62,14 +63,14 @@ def test_micro_batching_does_not_change_the_gradient(model_dir):
     for max_tokens in (10_000, 12):
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        grpo_step(model, opt, samples, GRPOConfig(micro_batch_tokens=max_tokens, grad_clip=1e9), pad_id=0)
+        grpo_step(model, opt, samples, Algorithm(micro_batch_tokens=max_tokens, grad_clip=1e9), pad_id=0)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert len(micro_batches(samples, 12)) > 1
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
 def test_group_advantages_and_reward_routing():
-    adv = group_advantages({"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0})
+    adv = episode_advantages(Algorithm(), {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0})
     assert adv["a"] > 0 > adv["b"] and abs(sum(adv.values())) < 1e-6
     assert reward_for(0.5, "m", "x") == 0.5
     assert reward_for({"solver": 1.0, "default": 0.2}, "m", "solver") == 1.0
@@ -83,7 +84,7 @@ def test_kl_to_the_reference_is_zero_at_start_and_grows_after_updates(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     ref = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cfg = GRPOConfig(kl=0.1)
+    cfg = Algorithm(kl=0.1)
     first = grpo_step(model, opt, samples, cfg, pad_id=0, ref_model=ref)
     second = grpo_step(model, opt, samples, cfg, pad_id=0, ref_model=ref)
     assert abs(first["kl"]) < 1e-6 and second["kl"] > 1e-6

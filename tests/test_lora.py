@@ -21,7 +21,8 @@ from actorjet.cli.main import main
 from actorjet.errors import UserError
 from actorjet.config import normalize
 from actorjet.rl import lora
-from actorjet.rl.grpo import GRPOConfig, collate, grpo_step, term_logprobs
+from actorjet.rl.algorithms import Algorithm
+from actorjet.rl.grpo import collate, grpo_step, term_logprobs
 from actorjet.rl.samples import call_sample
 from actorjet.serving import weights
 from actorjet.models import zoo
@@ -62,7 +63,7 @@ def test_a_lora_step_changes_only_the_adapter(model_dir):
     engine = TransformersEngine(model_dir, seed=3, start_thread=False)
     calls = sampled(engine)
     samples = [call_sample(c, 1.0 if k % 2 else -1.0) for k, c in enumerate(calls)]
-    grpo_step(model, torch.optim.AdamW(trainable, lr=1e-2), samples, GRPOConfig(), pad_id=0)
+    grpo_step(model, torch.optim.AdamW(trainable, lr=1e-2), samples, Algorithm(), pad_id=0)
     after = model.state_dict()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all("lora_" in k for k in changed)                # the base is untouched

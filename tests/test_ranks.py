@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from actorjet.models import zoo
 from actorjet.rl import lora
-from actorjet.rl.grpo import GRPOConfig, grpo_step
+from actorjet.rl.algorithms import Algorithm
+from actorjet.rl.grpo import grpo_step
 from actorjet.rl.pack import pack
 from actorjet.rl.ranks import shares
 from swarm import free_port
@@ -58,7 +59,7 @@ def rank_main(rank: int, port: int, opt: str, cfg: dict, out: str) -> None:
     torch.set_num_threads(1)
     group = ranks.join(rank, 2, "127.0.0.1", port, timeout_s=60)
     model = ranks.shard(fresh_model(opt.startswith("lora")))
-    info = grpo_step(model, optimizer(opt, model), samples(), GRPOConfig(**cfg), 0, ranks=group)
+    info = grpo_step(model, optimizer(opt, model), samples(), Algorithm(**cfg), 0, ranks=group)
     state = ranks.full_state(model)
     if rank == 0:
         torch.save(state, out + ".pt")
@@ -82,7 +83,7 @@ def test_two_ranks_take_the_step_one_rank_takes(tmp_path, opt, cfg):
     batch = samples()
     assert len(batch) >= 4 and len({len(part) for part in shares(batch, 2)}) >= 1
     model = fresh_model(opt.startswith("lora"))
-    one = grpo_step(model, optimizer(opt, model), batch, GRPOConfig(**cfg), 0)
+    one = grpo_step(model, optimizer(opt, model), batch, Algorithm(**cfg), 0)
     out = str(tmp_path / "rank0")
     mp.spawn(rank_main, args=(free_port(), opt, cfg, out), nprocs=2, join=True)
     two = json.loads(open(out + ".json").read())

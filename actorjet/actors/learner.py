@@ -3,15 +3,14 @@ store and turns them into weight versions.
 
 Loop, top to bottom:  a prefetch thread claims the next batch's groups from the store
 (``next_batch``: task quotas, credit, packing — rl/batching.py) while the current step
-trains → drop sampled tokens staler than ``max_staleness`` versions → one GRPO step → mark
-the groups trained → publish weights as version v+1 (serving/weights.py; the adapter alone
-with LoRA) → tell the engines (LoadWeights) and the registry (Trained, metrics, counts) → every
-``eval_every`` steps a held-out evaluation (in a thread: models/evaluations.py), every
-``checkpoint_every`` steps a checkpoint.  On a full disk a step's writes wait (actorjet/disk.py).
-The store, the weights and the checkpoints are on the learner's own node (its model subtree
-may be placed on a GPU node); nothing here reads a file of the head's.  A (re)started
-learner rewinds the store to its checkpoint and simply pulls again.
-A frozen model (``trainable = false``) gets no learner in the tree.
+trains → drop sampled tokens staler than ``max_staleness`` versions → one step of the model's
+algorithm (rl/grpo.py, rl/algorithms.py) → mark the groups trained → publish weights as
+version v+1 (serving/weights.py; the adapter alone with LoRA) → tell the engines (LoadWeights)
+and the registry (Trained, metrics, counts) → every ``eval_every`` steps a held-out
+evaluation (in a thread), every ``checkpoint_every`` steps a checkpoint.  On a full disk a
+step's writes wait (actorjet/disk.py).  The store, the weights and the checkpoints are on the
+learner's own node; nothing here reads a file of the head's.  A (re)started learner rewinds
+the store to its checkpoint and simply pulls again.  A frozen model gets no learner.
 """
 from __future__ import annotations
 
@@ -34,8 +33,9 @@ from actorjet.models.heldout import eval_spec
 from actorjet.store import episode_store
 from actorjet.serving import threads, weights
 from actorjet.rl import lora, ranks
-from actorjet.rl.batching import BatchConfig, merge_mode, next_batch
-from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
+from actorjet.rl.batching import batch_config, next_batch
+from actorjet.rl import algorithms, critic
+from actorjet.rl.grpo import BadBatch, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
 from actorjet import disk
 from actorjet.runtime import endpoints, guarded
@@ -67,7 +67,8 @@ class Learner(ManagedActor):
         threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.optimizer = trainable.optimizer(self.model, self.cfg)
-        self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
+        self.algo = algorithms.from_config(self.cfg)      # GRPO, PPO, …, and its knobs (rl/algorithms.py)
+        self.critic = critic.build(self.model, self.cfg, self.algo)     # PPO's value function, else None
         self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval() if self.cfg["kl"] > 0 else None
         self.step = self.version = 0
         self.published_bytes = 0
@@ -88,10 +89,7 @@ class Learner(ManagedActor):
         world = int(self.args.get("world", 1))
         self.leader = ranks.Leader(world, endpoints.advertise_host(), timeout_s=120.0) if world > 1 else None
         self.store = None        # opened (a write: its schema, its journal) and rewound by _rewind
-        self.batching = BatchConfig(self.model_name, self.cfg.get("groups_per_step") or self.train_cfg["groups_per_step"],
-                                    merge=merge_mode(self.cfg), mix=self.train_cfg.get("mix", "fill"),
-                                    fill_after_s=float(self.train_cfg.get("fill_after_s", 0.5)),
-                                    prepare=repairs.for_model(self.tokenizer, self.cfg))
+        self.batching = batch_config(self.model_name, self.cfg, self.train_cfg, repairs.for_model(self.tokenizer, self.cfg))
         split = self.cfg["eval_split"]
         self.evals = Evaluations(self.model_name, [(t["name"], spec) for t in job["tasks"]
                                                    if (spec := eval_spec(t["source"], self.model_name, split))],
@@ -170,6 +168,7 @@ class Learner(ManagedActor):
             folder = checkpoints[-1].parent
             self.model, self.peft = trainable.build(self.cfg, folder)
             self.optimizer = trainable.optimizer(self.model, self.cfg, folder)
+            self.critic = critic.build(self.model, self.cfg, self.algo, folder)
             self.full_model, self.full_peft = self.model, self.peft
             self.step = json.loads(checkpoints[-1].read_text())["step"]
         if checkpoints or published:
@@ -290,8 +289,8 @@ class Learner(ManagedActor):
         times.trained = time.perf_counter()
         try:
             samples = self.commands.post("step", fresh.samples) if self.group and fresh.samples else fresh.samples
-            info = grpo_step(self.model, self.optimizer, samples, self.grpo, self.pad_id, self.ref_model,
-                             ranks=self.group) if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+            info = grpo_step(self.model, self.optimizer, samples, self.algo, self.pad_id, self.ref_model,
+                             ranks=self.group, critic=self.critic) if samples else {"tokens": 0, "sequences": 0, "skipped": True}
         except (BadBatch, ValueError, IndexError, TypeError) as e:   # the data's fault, not the learner's
             self._untrainable(group_ids, f"learner: {type(e).__name__}: {e}")
             return
@@ -375,7 +374,8 @@ class Learner(ManagedActor):
         if self.group is not None:        # the ranks gather the optimizer state on rank 0
             self.commands.post("optimizer")
         checkpoint_write.write(folder, self.step, self.version, self.full_peft or self.full_model, self.tokenizer,
-                               trainable.optimizer_state(self.model, self.optimizer))   # LoRA: the adapter
+                               trainable.optimizer_state(self.model, self.optimizer),   # LoRA: the adapter
+                               critic.checkpoint_files(self.critic))
         checkpoint_retention.prune(folder, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
         # Retention: a restarted learner rewinds to this checkpoint, so what it trained up to
         # here is never needed again (exported first with [train] keep_trajectories).

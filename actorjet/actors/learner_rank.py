@@ -26,7 +26,8 @@ import torch
 from actorjet.models import trainable
 from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.rl import ranks
-from actorjet.rl.grpo import BadBatch, GRPOConfig, grpo_step
+from actorjet.rl.algorithms import from_config
+from actorjet.rl.grpo import BadBatch, grpo_step
 from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.runtime.child import ManagedActor
@@ -51,7 +52,7 @@ class LearnerRank(ManagedActor):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.model, _ = trainable.build(self.cfg)
         threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
-        self.grpo = GRPOConfig(clip=self.cfg["clip"], kl=self.cfg["kl"], grad_clip=self.cfg["grad_clip"])
+        self.algo = from_config(self.cfg)
         self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval() if self.cfg["kl"] > 0 else None
         self.rendezvous = ""             # rank 0's "host:port", from the directory
         self.stopping = threading.Event()
@@ -97,7 +98,7 @@ class LearnerRank(ManagedActor):
             if kind == "step":
                 t0 = time.perf_counter()
                 try:
-                    grpo_step(self.model, optimizer, payload, self.grpo, self.pad_id, self.ref_model, ranks=group)
+                    grpo_step(self.model, optimizer, payload, self.algo, self.pad_id, self.ref_model, ranks=group)
                 except (BadBatch, ValueError, IndexError, TypeError) as e:   # rank 0 quarantines the groups
                     log.warning("%s rank %d: the batch was refused: %s", self.model_name, self.rank, e)
                 self.steps += 1

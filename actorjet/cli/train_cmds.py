@@ -27,6 +27,8 @@ def add_quickstart(sub) -> None:
     p.add_argument("--steps", type=int, default=QUICKSTART_JOB["train"]["steps"], help="learner steps (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the warm-up and of training (default 0)")
     p.add_argument("--runners", type=int, default=2, help="local runner processes (default 2)")
+    p.add_argument("--algorithm", default="grpo", help="grpo | dr_grpo | rloo | reinforce_pp | gspo | ppo, with "
+                   "each one's published defaults (docs/algorithms.md; default %(default)s)")
     p.add_argument("--run-dir", default=None, help="run directory (default runs/quickstart-TIMESTAMP)")
     p.add_argument("--port", type=int, default=0, help="head port (default: a free one)")
     p.set_defaults(func=cmd_quickstart)
@@ -52,6 +54,7 @@ def cmd_quickstart(args) -> int:
     started = time.time()
     spec = copy.deepcopy(QUICKSTART_JOB)
     spec["train"].update(steps=args.steps, seed=args.seed)
+    spec["models"][0]["algorithm"] = args.algorithm
     job = normalize(spec, "quickstart")
     run_dir = Path(args.run_dir or f"runs/quickstart-{datetime.now():%Y%m%d-%H%M%S}")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),

@@ -18,9 +18,11 @@ import torch
 from actorjet import disk
 
 
-def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimizer_state: dict) -> Path:
+def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimizer_state: dict,
+          extra: dict | None = None) -> Path:
     """``model``: what ``save_pretrained`` saves (with LoRA: the peft model, i.e. the adapter);
-    ``optimizer_state``: models/trainable.py ``optimizer_state``."""
+    ``optimizer_state``: models/trainable.py ``optimizer_state``; ``extra``: file name → object
+    saved with torch.save (PPO's critic: rl/critic.py)."""
     final = folder / f"step_{step:06d}"
     partial = folder / f"tmp.{final.name}"         # never matched by step_*/state.json
     for stale in folder.glob("tmp.step_*"):        # (one the learner was killed writing)
@@ -31,6 +33,9 @@ def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimi
         tokenizer.save_pretrained(partial)
         with open(partial / "optimizer.pt", "wb") as f:      # (closed here even when the write fails)
             torch.save(optimizer_state, f)
+        for name, obj in (extra or {}).items():
+            with open(partial / name, "wb") as f:
+                torch.save(obj, f)
         (partial / "state.json").write_text(json.dumps({"step": step, "weight_version": weight_version}))
     except Exception as e:       # (a full disk: the partial folder's space goes back)
         error = disk.blame_full_disk(e, folder)

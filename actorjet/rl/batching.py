@@ -21,8 +21,9 @@ from typing import Callable
 from actorjet.checks import is_number
 from actorjet.rl import pack
 from actorjet.rl.calls import full_len
-from actorjet.rl.rewards import bad_reward
-from actorjet.rl.samples import group_advantages, reward_for
+from actorjet.rl.algorithms import Algorithm, episode_advantages, from_config
+from actorjet.rl.rewards import bad_reward, is_per_turn, total
+from actorjet.rl.samples import reward_for
 
 
 def apportion(total: int, weights: dict[str, float]) -> dict[str, int]:
@@ -65,11 +66,13 @@ def check_call(call: dict) -> None:
         raise ValueError("a call with a logprob that is not a finite number")
 
 
-def credit(model: str, groups: list[dict]) -> tuple[list, dict]:
-    """Each call gets its episode's group-normalized advantage for this model/role;
-    groups whose rewards do not vary carry no GRPO signal (counted, not trained)."""
+def credit(model: str, groups: list[dict], algo: Algorithm = Algorithm()) -> tuple[list, dict]:
+    """Each call gets its episode's advantage for this model/role (rl/algorithms.py), with its
+    place in the batch and the reward earned at its last token (pack.py ``Credit``); groups
+    whose rewards do not vary carry no signal for a group estimator (counted, not trained)."""
     calls, stats = [], {"groups": len(groups), "episodes": 0, "zero_variance_groups": 0, "rewards": [],
                         "by_behavior": {}}
+    traj = 0
     for group in groups:
         rewards = group["rewards"]
         for episode_id, reward in rewards.items():     # stored before rewards were checked at the edge
@@ -79,12 +82,13 @@ def credit(model: str, groups: list[dict]) -> tuple[list, dict]:
             for call in episode_calls:
                 check_call(call)
         stats["episodes"] += len(rewards)
-        credited = {}
+        credited, mine = {}, {}       # episode → its reward (folded); (episode, reward) → its calls
         for episode_id, episode_calls in group["calls"].items():
             for call in episode_calls:
                 r = reward_for(rewards[episode_id], model, call["role"])
                 if r is not None:
-                    credited.setdefault(episode_id, r)
+                    credited.setdefault(episode_id, total(r))
+                    mine.setdefault((episode_id, json.dumps(r)), (r, []))[1].append(call)
         stats["rewards"] += list(credited.values())
         per_task = stats.setdefault("by_task", {}).setdefault(group["task_name"], {
             "groups": 0, "episodes": 0, "reward_sum": 0.0})
@@ -95,14 +99,27 @@ def credit(model: str, groups: list[dict]) -> tuple[list, dict]:
         by = stats["by_behavior"].setdefault(tag, {"episodes": 0, "reward_sum": 0.0})
         by["episodes"] += len(credited)
         by["reward_sum"] += sum(credited.values())
-        if len(credited) >= 2 and len(set(credited.values())) > 1:
-            advantages = group_advantages(credited)
-            for episode_id, episode_calls in group["calls"].items():
-                if episode_id in advantages:
-                    calls += [(c, advantages[episode_id]) for c in episode_calls]
-        else:
+        earned = {key: _per_call(key[0], r, these) for key, (r, these) in mine.items()}
+        advantages = episode_advantages(algo, credited) if credited else None
+        if advantages is None:
             stats["zero_variance_groups"] += 1
+            continue
+        for key, (_, these) in mine.items():     # one trajectory: an episode's calls under one reward
+            traj += 1
+            calls += [(call, pack.Credit(advantages[key[0]], len(calls) + turn, traj, turn, earned[key][turn]))
+                      for turn, call in enumerate(these)]
     return calls, stats
+
+
+def _per_call(episode_id: str, reward, calls: list[dict]) -> list[float]:
+    """The reward earned at the end of each call of a trajectory: per-turn rewards on their
+    turns, the final (or only) reward on the last call."""
+    turns = list(reward["turns"]) if is_per_turn(reward) else []
+    if len(turns) > len(calls):
+        raise ValueError(f"episode {episode_id}: {len(turns)} per-turn rewards for {len(calls)} turns")
+    earned = turns + [0.0] * (len(calls) - len(turns))
+    earned[-1] += reward.get("final", 0.0) if is_per_turn(reward) else float(reward)
+    return earned
 
 
 @dataclass
@@ -118,6 +135,15 @@ class BatchConfig:
     fill_after_s: float = 0.5
     started: float = field(default_factory=time.time)
     prepare: Callable[[list], dict] | None = None  # tokenizer-level repairs before packing → their counts
+    algo: Algorithm = Algorithm()                 # the estimator, and dynamic sampling (rl/algorithms.py)
+    scanned: int = -1                             # dynamic sampling: pending groups when a refill last fell short
+
+
+def batch_config(model: str, cfg: dict, train: dict, prepare: Callable | None = None) -> BatchConfig:
+    """A model's BatchConfig from its job entry (config.py) and the job's [train] section."""
+    return BatchConfig(model, cfg.get("groups_per_step") or train["groups_per_step"], merge=merge_mode(cfg),
+                       mix=train.get("mix", "fill"), fill_after_s=float(train.get("fill_after_s", 0.5)),
+                       prepare=prepare, algo=from_config(cfg))
 
 
 def compose(store, cfg: BatchConfig, now: float | None = None) -> dict[str, int] | None:
@@ -141,9 +167,36 @@ def compose(store, cfg: BatchConfig, now: float | None = None) -> dict[str, int]
     return quota
 
 
-def build(groups: list[dict], cfg: BatchConfig) -> dict:
-    """Credit and pack claimed groups: the samples of one training step and their stats."""
-    calls, batch = credit(cfg.model, groups)
+def has_signal(model: str, group: dict, algo: Algorithm) -> bool:
+    """Does the group train anything (a group estimator's rewards vary)?  A group that cannot be
+    credited at all counts as one: building the batch then quarantines it with its cause."""
+    try:
+        return credit(model, [group], algo)[1]["zero_variance_groups"] == 0
+    except Exception:  # noqa: BLE001 - judged by build, group by group
+        return True
+
+
+def refill(store, cfg: BatchConfig, groups: list[dict]) -> tuple[list, list] | None:
+    """DAPO's dynamic sampling: the claimed groups with signal, topped up with the oldest
+    pending ones until there are ``cfg.groups``, and the groups filtered out (consumed by the
+    step, never trained).  None, with every group given back: not enough signal yet."""
+    keep, drop = [], []
+    while True:
+        for g in groups:
+            (keep if has_signal(cfg.model, g, cfg.algo) else drop).append(g)
+        if len(keep) >= cfg.groups:
+            return keep, drop
+        groups = store.take({}, cfg.groups - len(keep))
+        if not groups:
+            store.untake([g["group_id"] for g in keep + drop])
+            cfg.scanned = sum(n for n, _ in store.pending_by_task().values())
+            return None
+
+
+def build(groups: list[dict], cfg: BatchConfig, filtered: list[dict] = ()) -> dict:
+    """Credit and pack claimed groups: the samples of one training step and their stats.
+    ``filtered``: groups dynamic sampling consumed without training them."""
+    calls, batch = credit(cfg.model, groups, cfg.algo)
     rewards = batch.pop("rewards")
     batch["by_task"] = {t: {"groups": v["groups"], "episodes": v["episodes"],
                             "reward_mean": v["reward_sum"] / max(1, v["episodes"])}
@@ -156,8 +209,10 @@ def build(groups: list[dict], cfg: BatchConfig) -> dict:
     stats = {**batch, **pack.stats(calls, packed), "merge": cfg.merge, "sequences": len(packed),
              "drift_repairs": 0, "tools_unified": 0, "text_aligned": 0, **repairs,
              "reward_mean": sum(rewards) / max(1, len(rewards)), "created": time.time()}
+    if cfg.algo.dynamic_sampling:
+        stats["filtered_groups"] = len(filtered)
     return {"samples": [p.to_dict() for p in packed], "stats": stats,
-            "group_ids": [g["group_id"] for g in groups], "quarantined": []}
+            "group_ids": [g["group_id"] for g in [*groups, *filtered]], "quarantined": []}
 
 
 def next_batch(store, cfg: BatchConfig) -> dict | None:
@@ -168,18 +223,25 @@ def next_batch(store, cfg: BatchConfig) -> dict | None:
     quota = compose(store, cfg)
     if quota is None:
         return None
+    if cfg.algo.dynamic_sampling and sum(n for n, _ in store.pending_by_task().values()) == cfg.scanned:
+        return None                       # nothing new since a refill fell short
     groups = store.take(quota, cfg.groups)
-    ids = [g["group_id"] for g in groups]
     if len(groups) < cfg.groups:          # another reader took some meanwhile: wait
-        store.untake(ids)
+        store.untake([g["group_id"] for g in groups])
         return None
+    filtered = []
+    if cfg.algo.dynamic_sampling:
+        if (kept := refill(store, cfg, groups)) is None:
+            return None
+        groups, filtered = kept
+    ids = [g["group_id"] for g in groups + filtered]
     try:
-        return build(groups, cfg)
+        return build(groups, cfg, filtered)
     except Exception as e:  # noqa: BLE001 - judged group by group below
         culprits = []
         for group in groups:
             try:
-                calls, _ = credit(cfg.model, [group])
+                calls, _ = credit(cfg.model, [group], cfg.algo)
                 pack.pack(calls, cfg.merge, max_tokens=cfg.max_tokens)
             except Exception as alone:  # noqa: BLE001 - this group is the poison
                 culprits.append((group, f"{type(alone).__name__}: {alone}"))

@@ -1,29 +1,26 @@
-"""GRPO loss and optimizer step on packed samples (see actorjet/rl/pack.py).
+"""The policy-gradient step on packed samples (see actorjet/rl/pack.py), for every algorithm
+of rl/algorithms.py.
 
-Loss per sampled token (a *term*):  -min(ratio * A, clip(ratio, 1-ε, 1+ε) * A)
-                                     + β * KL(π || π_ref)            (k3 estimator, optional)
-with ratio = exp(logπ - logπ_old) against the logprob recorded by the engine (this also
-corrects for samples from an older weight version), averaged over all terms of the batch
-(token-mean).  A term's logprob is read from the logits at its predecessor's position
-(``parents``), which is the previous position in a plain sequence and the parent node in
-a packed tree.  Batches are split into micro-batches by token count; the normalization
-stays global, so the split does not change the gradient.
+Loss per sampled token (a *term*):
+    w_t · IS_t · -min(ρ_t A_t, clip(ρ_t, 1-ε_low, 1+ε_high) A_t)  [+ β KL_t]  [+ c · ½ (V_t - R_t)²]
+with ρ_t = π(token)/π_behind(token), where π_behind is the engine's recorded logprob (this also
+corrects for samples from an older weight version) or, with ``tis_cap``, the learner's own
+recompute before the step, IS_t = min(π_recompute/π_engine, tis_cap) then correcting for the
+engine/learner mismatch; GSPO replaces ρ_t by its call's length-normalized sequence ratio.
+w_t is the loss aggregation's weight (``term_weights``); the KL term is there with
+``kl_in = "loss"``; the value term only with PPO (rl/critic.py).  A term's logprob is read from
+the logits at its predecessor's position (``parents``), which is the previous position in a
+plain sequence and the parent node in a packed tree.  Batches are split into micro-batches by
+token count; the weights are global, so the split does not change the gradient.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass
-class GRPOConfig:
-    clip: float = 0.2
-    kl: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 16384
-
+from actorjet.rl import token_credit
+from actorjet.rl.algorithms import Algorithm, kl_estimate
 
 # CPU BLAS (MKL, one thread) multiplies matrices of fewer than 16 rows with kernels whose
 # rounding differs (~1e-5 on logprobs) from the one used for larger ones.  Padding every
@@ -57,7 +54,7 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
                 if parent >= 0:
                     mask[b, 0, i] = mask[b, 0, parent]
                 mask[b, 0, i, i] = True
-    rows = [(b, s["parents"][t.node], s["input_ids"][t.node], t.advantage, t.old_logprob, t.temperature)
+    rows = [(b, s["parents"][t.node], s["input_ids"][t.node], t.advantage, t.old_logprob, t.temperature, t.call)
             for b, s in enumerate(samples) for t in s["terms"]]
     out = {"input_ids": ids, "position_ids": pos, "attention_mask": mask,
            "term_b": torch.tensor([r[0] for r in rows], dtype=torch.long),
@@ -65,8 +62,15 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
            "term_tok": torch.tensor([r[2] for r in rows], dtype=torch.long),
            "advantages": torch.tensor([r[3] for r in rows], dtype=torch.float32),
            "old_logprobs": torch.tensor([r[4] for r in rows], dtype=torch.float32),
-           "temperatures": torch.tensor([r[5] for r in rows], dtype=torch.float32)}
+           "temperatures": torch.tensor([r[5] for r in rows], dtype=torch.float32),
+           "term_call": torch.tensor([r[6] for r in rows], dtype=torch.long)}
+    for key in PER_TERM:             # what the step added per term (weights, first-pass values)
+        if all(key in s for s in samples):
+            out[key] = torch.tensor([x for s in samples for x in s[key]], dtype=torch.float32)
     return {k: v.to(device) for k, v in out.items()}
+
+
+PER_TERM = ("weights", "prox", "ref", "values", "returns")
 
 
 def _sharded(model) -> bool:
@@ -76,12 +80,19 @@ def _sharded(model) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """logπ of every term's token given its ancestors, at its sampling temperature."""
+def model_mask(model, batch: dict) -> torch.Tensor:
+    """The attention mask as the model takes it: additive for a tree (eager expects that, sdpa accepts it)."""
     mask = batch["attention_mask"]
-    if mask.dim() == 4:     # additive form: what eager attention expects, and sdpa accepts too
+    if mask.dim() == 4:
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return mask
+
+
+def term_logprobs(model, batch: dict[str, torch.Tensor], hidden_out: list | None = None) -> torch.Tensor:
+    """logπ of every term's token given its ancestors, at its sampling temperature.
+    ``hidden_out``: a list that receives the last hidden state at every term's predecessor."""
+    mask = model_mask(model, batch)
     head = model.get_output_embeddings()
     plain_head = (head is not None and hasattr(model, "model") and not getattr(model.config, "logit_scale", None)
                   and not getattr(model.config, "final_logit_softcapping", None) and not _sharded(model))
@@ -95,9 +106,14 @@ def term_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if n < MIN_ROWS:
             picked = torch.cat([picked, picked.new_zeros(MIN_ROWS - n, picked.shape[-1])])
         rows = head(picked)[:n]
+        if hidden_out is not None:
+            hidden_out.append(picked[:n])
     else:
-        logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]).logits
-        rows = logits[batch["term_b"], batch["term_pred"]]
+        out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"],
+                    output_hidden_states=hidden_out is not None)
+        rows = out.logits[batch["term_b"], batch["term_pred"]]
+        if hidden_out is not None:
+            hidden_out.append(out.hidden_states[-1][batch["term_b"], batch["term_pred"]])
     rows = rows.to(torch.promote_types(rows.dtype, torch.float32)) / batch["temperatures"].unsqueeze(-1)
     return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
 
@@ -120,23 +136,65 @@ def micro_batches(samples: list[dict], max_tokens: int, max_padding: float = 0.3
     return chunks
 
 
-def grpo_loss(model, batch: dict, cfg: GRPOConfig, n_terms: float, ref_model=None) -> tuple[torch.Tensor, dict]:
-    new = term_logprobs(model, batch)
-    ratio = torch.exp(new - batch["old_logprobs"])
-    adv = batch["advantages"]
-    per_term = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv)
-    kl_value = 0.0
-    if ref_model is not None and cfg.kl > 0:
+def term_weights(samples: list[dict], loss_agg: str) -> list[dict]:
+    """Each term's weight in the loss, over the whole batch (so micro-batches and ranks do not
+    change it): token-mean 1/T (T sampled tokens); seq-mean-token-sum 1/S (S sampled sequences,
+    i.e. calls: Dr. GRPO's constant normalizer); seq-mean-token-mean 1/(S·|call|) (GRPO's
+    original form, GSPO's)."""
+    keys = [[(t.call, -1) if t.call >= 0 else (-1, si) for t in s["terms"]] for si, s in enumerate(samples)]
+    sizes: dict[tuple, int] = {}
+    for row in keys:
+        for key in row:
+            sizes[key] = sizes.get(key, 0) + 1
+    n_terms, n_seqs = sum(sizes.values()), len(sizes)
+    out = []
+    for s, row in zip(samples, keys):
+        if loss_agg == "token-mean":
+            w = [1.0 / n_terms] * len(row)
+        elif loss_agg == "seq-mean-token-sum":
+            w = [1.0 / n_seqs] * len(row)
+        else:
+            w = [1.0 / (n_seqs * sizes[key]) for key in row]
+        out.append(dict(s, weights=w))
+    return out
+
+
+def policy_loss(model, batch: dict, algo: Algorithm, ref_model=None, critic=None) -> tuple[torch.Tensor, dict]:
+    """The weighted loss of one micro-batch (see the module's docstring) and its sums for the metrics."""
+    hidden: list | None = [] if critic is not None else None
+    new = term_logprobs(model, batch, hidden)
+    behind = batch["prox"] if "prox" in batch else batch["old_logprobs"]
+    log_ratio = new - behind
+    if algo.sequence_ratio:           # GSPO: exp(mean log ratio of the call), its gradient per token
+        calls, index = torch.unique(batch["term_call"], return_inverse=True)
+        total = torch.zeros(len(calls), dtype=log_ratio.dtype).index_add(0, index, log_ratio.detach())
+        count = torch.zeros(len(calls), dtype=log_ratio.dtype).index_add(0, index, torch.ones_like(log_ratio))
+        log_ratio = (total / count)[index] + new - new.detach()
+    ratio = torch.exp(log_ratio)
+    adv, weights = batch["advantages"], batch["weights"]
+    per_term = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - algo.clip_low, 1 + algo.clip_high) * adv)
+    info = {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0, "value_loss": 0.0, "tis_weight": 0.0, "mismatch": 0.0}
+    if "prox" in batch:               # truncated importance sampling: learner recompute vs engine
+        is_weight = torch.exp(batch["prox"] - batch["old_logprobs"]).clamp(max=algo.tis_cap)
+        per_term = per_term * is_weight
+        info["tis_weight"] = float(is_weight.sum())
+        info["mismatch"] = float((batch["prox"] - batch["old_logprobs"]).abs().sum())
+    if ref_model is not None and algo.kl > 0 and algo.kl_in == "loss":
         with torch.no_grad():
             ref = term_logprobs(ref_model, batch)
-        log_ratio = ref - new
-        kl = torch.exp(log_ratio) - log_ratio - 1
-        per_term = per_term + cfg.kl * kl
-        kl_value = float(kl.detach().sum())
-    loss = per_term.sum() / n_terms
+        kl = kl_estimate(new, ref, algo.kl_estimator)
+        per_term = per_term + algo.kl * kl
+        info["kl"] = float(kl.detach().sum())
+    loss = (per_term * weights).sum()
+    if critic is not None:
+        values = critic.values(batch, model_mask(model, batch), hidden[0])
+        value_loss = 0.5 * (values - batch["returns"]) ** 2
+        loss = loss + algo.value_coef * (value_loss * weights).sum()
+        info["value_loss"] = float(value_loss.detach().sum())
     with torch.no_grad():
         dev = (ratio - 1).abs()
-        info = {"clipped": float((dev > cfg.clip).float().sum()), "kl": kl_value, "ratio_dev": float(dev.sum())}
+        info["clipped"] = float(((ratio < 1 - algo.clip_low) | (ratio > 1 + algo.clip_high)).float().sum())
+        info["ratio_dev"] = float(dev.sum())
     return loss, info
 
 
@@ -144,40 +202,97 @@ class BadBatch(ValueError):
     """A batch the learner cannot train on; the step is skipped and its groups quarantined."""
 
 
-def grpo_step(model, optimizer, samples: list[dict], cfg: GRPOConfig, pad_id: int, ref_model=None,
-              ranks=None) -> dict:
+def first_pass(model, samples: list[dict], algo: Algorithm, pad_id: int, ref_model=None, critic=None,
+               chunks: list[list[dict]] | None = None) -> list[dict]:
+    """Before the step, without gradients: what the loss needs from the weights as they are —
+    the learner's own logprobs (``prox``, for tis_cap), the reference's (``ref``, for KL in the
+    reward), the critic's values (``values``, PPO) — then the per-token advantages
+    (rl/token_credit.py).  Every rank runs every chunk, so sharded collectives stay in step."""
+    wants = {"prox": algo.tis_cap > 0, "ref": algo.kl > 0 and algo.kl_in == "reward" and ref_model is not None,
+             "values": critic is not None}
+    if not any(wants.values()) and not algo.token_credit:
+        return samples
+    device = next(model.parameters()).device
+    found: dict[int, dict[str, list[float]]] = {}
+    with torch.no_grad():
+        for chunk in chunks or micro_batches(samples, algo.micro_batch_tokens):
+            batch = collate(chunk, pad_id, device)
+            hidden: list | None = [] if wants["values"] else None
+            got = {"prox": term_logprobs(model, batch, hidden) if wants["prox"] or wants["values"] else None,
+                   "ref": term_logprobs(ref_model, batch) if wants["ref"] else None,
+                   "values": critic.values(batch, model_mask(model, batch), hidden[0]) if wants["values"] else None}
+            at = 0
+            for s in chunk:
+                n = len(s["terms"])
+                found[id(s)] = {k: v[at:at + n].tolist() for k, v in got.items() if v is not None and wants[k]}
+                at += n
+    keys = [k for k, on in wants.items() if on]
+    samples = [dict(s, **found[id(s)]) for s in samples]
+    if algo.token_credit:
+        samples = token_credit.assign(samples, algo, {k: [s[k] for s in samples] for k in keys})
+    return samples
+
+
+def explained_variance(samples: list[dict]) -> float:
+    """1 - Var(R - V) / Var(R) over the batch's terms: 0 for a critic that knows nothing (V = 0
+    or a constant), 1 for a perfect one; the usual gauge of a PPO critic, which a falling value
+    loss is not while the policy, and with it the returns, keep changing."""
+    values = torch.tensor([v for s in samples for v in s["values"]], dtype=torch.float64)
+    returns = torch.tensor([r for s in samples for r in s["returns"]], dtype=torch.float64)
+    spread = returns.var(unbiased=False)
+    return float(1 - (returns - values).var(unbiased=False) / spread) if spread > 0 else 0.0
+
+
+def grpo_step(model, optimizer, samples: list[dict], algo: Algorithm, pad_id: int, ref_model=None,
+              ranks=None, critic=None) -> dict:
     """One optimizer step over all samples (each a packed sample dict).  ``ranks`` (a
     rl/ranks.py RankGroup, the model sharded with ``ranks.shard``): every rank gets all
-    samples and trains its share; the step is the one a single rank would take."""
+    samples and trains its share; the step is the one a single rank would take.
+    ``critic`` (PPO, rl/critic.py): trained in the same backward pass."""
     model.train()
     n_terms = float(sum(len(s["terms"]) for s in samples))
     if n_terms == 0:
         return {"loss": 0.0, "tokens": 0, "sequences": len(samples), "skipped": True}
+    samples = term_weights(first_pass(model, samples, algo, pad_id, ref_model, critic), algo.loss_agg)
     optimizer.zero_grad(set_to_none=True)
-    total, totals, seq_tokens = 0.0, {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0}, 0
+    if critic is not None:
+        critic.optimizer.zero_grad(set_to_none=True)
+    total, totals, seq_tokens = 0.0, {}, 0
     device = next(model.parameters()).device
-    chunks = micro_batches(samples, cfg.micro_batch_tokens)
+    chunks = micro_batches(samples, algo.micro_batch_tokens)
     if ranks is not None:       # this rank's share, padded with empty passes to the busiest rank's count
         from actorjet.rl.ranks import EMPTY, shares
-        counts = [len(micro_batches(share, cfg.micro_batch_tokens)) for share in shares(samples, ranks.world)]
-        chunks = micro_batches(ranks.share(samples), cfg.micro_batch_tokens)
-        chunks += [[EMPTY]] * (max(counts) - len(chunks))
+        counts = [len(micro_batches(share, algo.micro_batch_tokens)) for share in shares(samples, ranks.world)]
+        chunks = micro_batches(ranks.share(samples), algo.micro_batch_tokens)
+        chunks += [[dict(EMPTY, weights=[])]] * (max(counts) - len(chunks))
     for chunk in chunks:
         batch = collate(chunk, pad_id, device)
         seq_tokens += sum(len(s["input_ids"]) for s in chunk if s["terms"])
-        loss, info = grpo_loss(model, batch, cfg, n_terms, ref_model)
+        loss, info = policy_loss(model, batch, algo, ref_model, critic)
         (loss * ranks.world if ranks is not None else loss).backward()    # FSDP2 averages over ranks
         total += float(loss.detach())
-        for k in totals:
-            totals[k] += info[k]
+        for k, v in info.items():
+            totals[k] = totals.get(k, 0.0) + v
     if ranks is not None:
-        total, seq_tokens, *sums = ranks.all_sum([total, seq_tokens, *totals.values()])
-        totals = dict(zip(totals, sums))
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        names = sorted(totals)
+        total, seq_tokens, *sums = ranks.all_sum([total, seq_tokens, *(totals[k] for k in names)])
+        totals = dict(zip(names, sums))
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), algo.grad_clip)
+    if critic is not None:
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), algo.grad_clip)
     if not (math.isfinite(total) and math.isfinite(float(grad_norm))):
         optimizer.zero_grad(set_to_none=True)      # never let one bad batch turn the weights into NaN
         raise BadBatch(f"non-finite loss ({total}) or gradient norm ({float(grad_norm)}); weights unchanged")
     optimizer.step()
-    return {"loss": total, "tokens": int(n_terms), "sequence_tokens": int(seq_tokens), "sequences": len(samples),
+    if critic is not None:
+        critic.optimizer.step()
+    info = {"loss": total, "tokens": int(n_terms), "sequence_tokens": int(seq_tokens), "sequences": len(samples),
             "grad_norm": float(grad_norm), "clip_frac": totals["clipped"] / n_terms,
             "kl": totals["kl"] / n_terms, "ratio_dev": totals["ratio_dev"] / n_terms}
+    if critic is not None:        # and how much of the returns' variance the critic explained before the step
+        info["value_loss"] = totals["value_loss"] / n_terms
+        info["value_explained"] = explained_variance(samples)
+    if algo.tis_cap > 0:       # engine vs learner: mean |Δ logprob| and the mean importance weight
+        info["logprob_mismatch"] = totals["mismatch"] / n_terms
+        info["tis_weight"] = totals["tis_weight"] / n_terms
+    return info

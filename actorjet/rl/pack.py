@@ -40,12 +40,30 @@ SHARE_MIN = 0.1     # tree packing keeps a subtree together when that saves >= 1
 
 class Term(NamedTuple):
     """One sampled token's share of the loss: where it sits in its packed sample (``node``: the
-    index of the token it was sampled as), and what the loss needs of its sampling."""
+    index of the token it was sampled as), what the loss needs of its sampling, and where it
+    sits in its episode (``call``, ``traj``: indices in the batch; ``turn``: the call's place in
+    the episode; ``k``: the token's place in the call; ``reward``: what was earned at this
+    token, for per-token credit: rl/token_credit.py)."""
     node: int
     advantage: float
     old_logprob: float
     temperature: float
     version: int
+    call: int = -1
+    k: int = 0
+    traj: int = -1
+    turn: int = 0
+    reward: float = 0.0
+
+
+class Credit(NamedTuple):
+    """What rl/batching.py ``credit`` gives a call: its episode's advantage, and (for per-token
+    credit) its indices in the batch and the reward earned at its last token."""
+    advantage: float
+    call: int = -1
+    traj: int = -1
+    turn: int = 0
+    reward: float = 0.0
 
 
 @dataclass
@@ -61,9 +79,12 @@ class Packed:
                 "terms": self.terms, "linear": self.linear}
 
 
-def _terms(call: dict, start: int, advantage: float) -> list[Term]:
+def _terms(call: dict, start: int, credit: Credit | float) -> list[Term]:
+    c = credit if isinstance(credit, Credit) else Credit(float(credit))
     temp = call["temperature"] if call["temperature"] > 0 else 1.0
-    return [Term(start + k, advantage, lp, temp, call["weight_version"])
+    last = len(call["logprobs"]) - 1
+    return [Term(start + k, c.advantage, lp, temp, call["weight_version"], c.call, k, c.traj, c.turn,
+                 c.reward if k == last else 0.0)
             for k, lp in enumerate(call["logprobs"])]
 
 

@@ -5,25 +5,19 @@ sample; the context tracker merges calls into fewer, longer ones in the same for
 """
 from __future__ import annotations
 
-from statistics import mean, pstdev
+from actorjet.rl.rewards import is_per_turn
 
 
-def reward_for(reward, model: str, role: str) -> float | None:
-    """A behavior returns one number for everyone, or {role_or_model: number}."""
-    if isinstance(reward, (int, float)):
-        return float(reward)
+def reward_for(reward, model: str, role: str):
+    """A behavior returns one reward for everyone, or {role_or_model: reward}; a reward is a
+    number or per-turn rewards (rl/rewards.py).  None: nothing for this model or role."""
+    if isinstance(reward, (int, float)) or is_per_turn(reward):
+        return reward
     if isinstance(reward, dict):
         for key in (role, model, "default"):
             if key in reward:
-                return float(reward[key])
+                return reward[key]
     return None
-
-
-def group_advantages(rewards: dict[str, float]) -> dict[str, float]:
-    """GRPO: each episode's reward minus the group mean, over the group's std."""
-    values = list(rewards.values())
-    mu, sd = mean(values), pstdev(values)
-    return {e: (r - mu) / (sd + 1e-6) for e, r in rewards.items()}
 
 
 def call_sample(call: dict, advantage: float) -> dict:
