@@ -58,8 +58,8 @@ class OldTrie(_PackTrie):
         for tok in ids:
             node = self._extend(node, [tok])
             path.append(node)
-        for (k, adv, lp, temp, version) in terms:
-            self.terms.setdefault(path[prompt_len + k], []).append((adv, lp, temp, version))
+        for (k, *rest) in terms:
+            self.terms.setdefault(path[prompt_len + k], []).append(tuple(rest))
 
 
 def old_pack(calls, mode):

@@ -3,7 +3,7 @@
 ``critic = "trunk"``: a value head (one linear layer) on the policy's own last hidden state —
 one forward pass gives both the token's logprob and its value, and the value loss also
 shapes the shared trunk (scaled by ``value_coef``).  ``critic = "separate"``: a second copy of
-the model's starting weights with its own head, so the policy's trunk only learns from the
+the policy's trunk as training starts, with its own head, so the policy's trunk only learns from the
 policy loss (twice the memory and forward passes).
 
 The state a token was sampled in is the hidden state at its predecessor (the position whose
@@ -15,6 +15,7 @@ with the policy.
 """
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -56,10 +57,10 @@ def build(policy, cfg: dict, algo, checkpoint: Path | None = None) -> Critic | N
     if algo.name != "ppo":
         return None
     trunk = None
-    if algo.critic == "separate":
-        from actorjet.models import trainable
-
-        trunk = trainable.base(cfg).model
+    if algo.critic == "separate":      # the policy's trunk as it starts, all of it trained (even with LoRA)
+        trunk = copy.deepcopy(policy.model)
+        for p in trunk.parameters():
+            p.requires_grad_(True)
     critic = Critic(policy.config.hidden_size, trunk, lr=algo.critic_lr or cfg["lr"]).to(cfg["device"])
     saved = checkpoint / FILE if checkpoint is not None else None
     if saved is not None and saved.exists():
