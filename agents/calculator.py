@@ -40,6 +40,7 @@ DEMO = [
 ]
 MAX_CALLS = 3
 ANSWER_TOKENS = 24
+TOOL_REWARD = 0.2     # per-turn rewards (behavior_per_turn): a tool call that computes the product
 TEMPERATURE = 0.5   # SmolLM2-135M at 1.0 rambles: 1 success in 128 against 10% greedy (docs/real-models.md)
 
 Ask = Callable[[list, list, int], dict]     # (messages, tools, max_tokens) -> assistant message
@@ -103,13 +104,22 @@ def score(task: dict, text: str | None) -> float:
 
 def play(task: dict, ask: Ask) -> float:
     """One episode: the model may call the calculator; its last words are scored."""
+    return episode(task, ask)["final"]
+
+
+def episode(task: dict, ask: Ask) -> dict:
+    """One episode with per-turn rewards (docs/algorithms.md): each call that ends in a tool
+    call earns ``TOOL_REWARD`` when its expression computes the product, the last words are
+    scored at the end.  Group estimators fold them into one number; PPO credits each turn."""
     messages = [*DEMO, {"role": "user", "content": task["question"]}]
+    turns = []
     for _ in range(MAX_CALLS):
         reply = ask(messages, TOOLS, ANSWER_TOKENS)
         calls = reply.get("tool_calls") or []
         if not calls:
-            return score(task, reply.get("content"))
+            return {"turns": turns, "final": score(task, reply.get("content"))}
         messages.append({"role": "assistant", "content": reply.get("content"), "tool_calls": calls})
+        results = []
         for call in calls:
             try:
                 args = json.loads(call["function"]["arguments"] or "{}")
@@ -119,21 +129,23 @@ def play(task: dict, ask: Ask) -> float:
                 args = {}
             result = (calculate(args.get("expression", "")) if call["function"]["name"] == "calculator"
                       else f"error: no tool {call['function']['name']!r}")
+            results.append(result)
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
-    return 0.0
+        turns.append(TOOL_REWARD if task["answer"] in results else 0.0)
+    return {"turns": turns, "final": 0.0}         # out of calls: no answer
 
 
-def behavior(task: dict, llm) -> float:
-    """The agent, through the ``openai`` SDK with ``tools=``."""
+def behavior_per_turn(task: dict, llm) -> dict:
+    """``behavior`` with per-turn rewards, ``{"turns": [...], "final": r}``, whose first call must
+    use the calculator (``tool_choice``: the gateway writes the call's opening, the model its
+    expression), so every episode has a turn to credit: was the expression right?"""
     client = llm.client()
+    asked = []
 
     def ask(messages: list, tools: list, max_tokens: int) -> dict:
+        forced = {"tool_choice": {"type": "function", "function": {"name": "calculator"}}} if not asked else {}
+        asked.append(1)
         reply = client.chat.completions.create(model=llm.model(), messages=messages, tools=tools,
-                                               max_tokens=max_tokens, temperature=TEMPERATURE)
+                                               max_tokens=max_tokens, temperature=TEMPERATURE, **forced)
         return reply.choices[0].message.model_dump(exclude_none=True)
-    return play(task, ask)
-
-
-def eval_episode(task: dict, chat) -> float:
-    """Held-out: the same episode, answered greedily by the learner's weights."""
-    return play(task, lambda messages, tools, max_tokens: chat(messages, tools, max_tokens))
+    return episode(task, ask)

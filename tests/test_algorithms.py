@@ -20,6 +20,7 @@ from actorjet.rl.pack import Credit, Term, pack
 from actorjet.rl.rewards import bad_reward, total
 from actorjet.rl.token_credit import assign
 from actorjet.store.episode_store import EpisodeStore
+from swarm import REPO
 from tests.test_store import finish, record
 
 REWARDS = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 1.0}
@@ -215,8 +216,9 @@ def test_dynamic_sampling_skips_groups_without_signal_and_refills_from_the_store
     assert next_batch(plain, BatchConfig("policy", 2))["stats"]["zero_variance_groups"] == 1
 
 
-def test_the_critic_is_trained_by_the_step_and_resumes_from_its_checkpoint(tmp_path):
-    cfg = {**normalize({"models": [{"algorithm": "ppo", "critic_lr": 1e-2}]})["models"][0],
+@pytest.mark.parametrize("kind", ["trunk", "separate"])
+def test_the_critic_is_trained_by_the_step_and_resumes_from_its_checkpoint(tmp_path, kind):
+    cfg = {**normalize({"models": [{"algorithm": "ppo", "critic_lr": 1e-2, "critic": kind}]})["models"][0],
            "path": zoo.tiny_arith(0)}
     algo = from_config(cfg)
     model = AutoModelForCausalLM.from_pretrained(cfg["path"])
@@ -238,6 +240,11 @@ def test_the_critic_is_trained_by_the_step_and_resumes_from_its_checkpoint(tmp_p
         torch.save(obj, folder / name)
     again = critic_mod.build(model, cfg, algo, folder)
     assert torch.equal(again.head.weight, critic.head.weight) and again.optimizer.state_dict()["state"]
+    if kind == "separate":       # its own trunk, trained by the value loss, saved and restored with it
+        mine = dict(critic.trunk.named_parameters())
+        assert all(p is not mine[n] for n, p in model.model.named_parameters())
+        assert any(not torch.equal(p, q) for p, q in zip(critic.trunk.parameters(), model.model.parameters()))
+        assert all(torch.equal(p, q) for p, q in zip(again.trunk.parameters(), critic.trunk.parameters()))
     assert critic_mod.build(model, {**cfg, "algorithm": "grpo"}, from_config({**cfg, "algorithm": "grpo"})) is None
 
 
@@ -266,3 +273,15 @@ def test_defaults_come_from_each_paper_unless_set():
     assert (dr.loss_agg, dr.clip_low, dr.clip_high) == ("seq-mean-token-sum", 0.2, 0.28)
     assert from_config(normalize({"models": [{"algorithm": "ppo"}]})["models"][0]).lam == 0.95
     assert Credit(0.5).call == -1          # a plain float advantage still packs (tests, benches)
+
+
+def test_the_shipped_algorithm_study_offers_every_algorithm_and_each_trial_job_is_valid():
+    from actorjet.research.study_spec import apply, load_study
+    from actorjet.rl.algorithms import ALGORITHMS
+
+    study = load_study(REPO / "agents" / "studies" / "algorithms.toml")
+    knob = study["knobs"]["models.policy.algorithm"]
+    assert knob["kind"] == "choice" and sorted(knob["values"]) == sorted(ALGORITHMS)
+    for name in ALGORITHMS:
+        job = normalize(apply(study["base_job"], {"models.policy.algorithm": name}))
+        assert job["models"][0]["algorithm"] == name and job["models"][0]["lora"]
