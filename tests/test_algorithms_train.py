@@ -3,6 +3,7 @@ five models in one job, each with its own algorithm, answering the same episodes
 (agents/arithmetic_every_model.py: one call and one reward per model).  GRPO, the default, is
 the quickstart test itself (tests/test_training.py)."""
 import json
+import math
 
 import pytest
 
@@ -60,7 +61,7 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
     ppo = [r for r in rows if r["kind"] == "train" and r["model"] == "ppo"]
     # The critic trains with the policy (that its loss falls on a fixed batch: test_algorithms.py).
     # Live, its loss tracks the returns' variance, which grows as accuracy nears 50%.
-    assert all(r["value_loss"] > 0 and -1 < r["value_explained"] <= 1 for r in ppo), ppo
+    assert all(r["value_loss"] > 0 and math.isfinite(r["value_explained"]) for r in ppo), ppo
     rloo = [r for r in rows if r["kind"] == "train" and r["model"] == "rloo"]
     assert all(0 <= r["logprob_mismatch"] < 0.05 and r["tis_weight"] > 0.9 for r in rloo)   # engine ≈ learner
     gspo = [r for r in rows if r["kind"] == "train" and r["model"] == "gspo"]

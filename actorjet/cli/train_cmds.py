@@ -26,6 +26,8 @@ def add_quickstart(sub) -> None:
                        "OpenAI-compatible gateway, and print held-out accuracy before and after.")
     p.add_argument("--steps", type=int, default=QUICKSTART_JOB["train"]["steps"], help="learner steps (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the warm-up and of training (default 0)")
+    p.add_argument("--warmup-seed", type=int, default=None, help="seed of the tiny-arith warm-up alone (default: "
+                   "--seed); e.g. --warmup-seed 0 --seed 3 trains the shipped checkpoint with training seed 3")
     p.add_argument("--runners", type=int, default=2, help="local runner processes (default 2)")
     p.add_argument("--algorithm", default="grpo", help="grpo | dr_grpo | rloo | reinforce_pp | gspo | ppo, with "
                    "each one's published defaults (docs/algorithms.md; default %(default)s)")
@@ -43,7 +45,7 @@ def cmd_quickstart(args) -> int:
     from actorjet.monitor import metrics
     from actorjet.errors import UserError
     from actorjet.config import normalize, tree_path
-    from actorjet.models.prepare import prepare
+    from actorjet.models.prepare import build_model, prepare
     from actorjet.runtime.head import Head
     from actorjet.runtime.tree_spec import load_tree
     from actorjet.runtime.system import free_port
@@ -60,7 +62,10 @@ def cmd_quickstart(args) -> int:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         warm = bar.add_task("warm-up of tiny-arith (once per seed)", total=300)
-        prepare(job, progress=lambda done, total: bar.update(warm, completed=done, total=total))
+        progress = lambda done, total: bar.update(warm, completed=done, total=total)  # noqa: E731
+        if args.warmup_seed is not None:          # the model of that warm-up, trained with --seed
+            job["models"][0]["source"] = build_model("tiny-arith", args.warmup_seed, progress)
+        prepare(job, progress=progress)
     head = Head(run_dir, load_tree(tree_path("default.toml")), job, port=args.port or free_port(),
                 slots=args.runners)
     console.print(f"run directory: [bold]{run_dir.resolve()}[/bold]")
