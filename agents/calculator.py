@@ -135,17 +135,32 @@ def episode(task: dict, ask: Ask) -> dict:
     return {"turns": turns, "final": 0.0}         # out of calls: no answer
 
 
-def behavior_per_turn(task: dict, llm) -> dict:
-    """``behavior`` with per-turn rewards, ``{"turns": [...], "final": r}``, whose first call must
-    use the calculator (``tool_choice``: the gateway writes the call's opening, the model its
-    expression), so every episode has a turn to credit: was the expression right?"""
-    client = llm.client()
-    asked = []
+def behavior(task: dict, llm) -> float:
+    """The agent, through the ``openai`` SDK with ``tools=``."""
+    return play(task, _asker(llm))
+
+
+def _asker(llm, force_first: bool = False) -> Ask:
+    """Ask through the ``openai`` SDK; ``force_first``: the first call must use the calculator
+    (``tool_choice``: the gateway writes the call's opening, the model its expression)."""
+    client, asked = llm.client(), []
 
     def ask(messages: list, tools: list, max_tokens: int) -> dict:
-        forced = {"tool_choice": {"type": "function", "function": {"name": "calculator"}}} if not asked else {}
+        forced = {"tool_choice": {"type": "function", "function": {"name": "calculator"}}} \
+            if force_first and not asked else {}
         asked.append(1)
         reply = client.chat.completions.create(model=llm.model(), messages=messages, tools=tools,
                                                max_tokens=max_tokens, temperature=TEMPERATURE, **forced)
         return reply.choices[0].message.model_dump(exclude_none=True)
-    return episode(task, ask)
+    return ask
+
+
+def eval_episode(task: dict, chat) -> float:
+    """Held-out: the same episode, answered greedily by the learner's weights."""
+    return play(task, lambda messages, tools, max_tokens: chat(messages, tools, max_tokens))
+
+
+def behavior_per_turn(task: dict, llm) -> dict:
+    """``behavior`` with per-turn rewards, ``{"turns": [...], "final": r}``, whose first call must
+    use the calculator, so every episode has a turn to credit: was the expression right?"""
+    return episode(task, _asker(llm, force_first=True))

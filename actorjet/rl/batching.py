@@ -21,7 +21,7 @@ from typing import Callable
 from actorjet.checks import is_number
 from actorjet.rl import pack
 from actorjet.rl.calls import full_len
-from actorjet.rl.algorithms import Algorithm, episode_advantages, from_config
+from actorjet.rl.algorithms import GROUP_ESTIMATORS, Algorithm, episode_advantages, from_config
 from actorjet.rl.rewards import bad_reward, is_per_turn, total
 from actorjet.rl.samples import reward_for
 
@@ -88,7 +88,7 @@ def credit(model: str, groups: list[dict], algo: Algorithm = Algorithm()) -> tup
                 r = reward_for(rewards[episode_id], model, call["role"])
                 if r is not None:
                     credited.setdefault(episode_id, total(r))
-                    mine.setdefault((episode_id, json.dumps(r)), (r, []))[1].append(call)
+                    mine.setdefault((episode_id, id(r)), (r, []))[1].append(call)   # (one object per role)
         stats["rewards"] += list(credited.values())
         per_task = stats.setdefault("by_task", {}).setdefault(group["task_name"], {
             "groups": 0, "episodes": 0, "reward_sum": 0.0})
@@ -170,8 +170,15 @@ def compose(store, cfg: BatchConfig, now: float | None = None) -> dict[str, int]
 def has_signal(model: str, group: dict, algo: Algorithm) -> bool:
     """Does the group train anything (a group estimator's rewards vary)?  A group that cannot be
     credited at all counts as one: building the batch then quarantines it with its cause."""
+    if algo.name not in GROUP_ESTIMATORS:
+        return True
     try:
-        return credit(model, [group], algo)[1]["zero_variance_groups"] == 0
+        rewards = {}
+        for episode_id, episode_calls in group["calls"].items():
+            for call in episode_calls:
+                if (r := reward_for(group["rewards"][episode_id], model, call["role"])) is not None:
+                    rewards.setdefault(episode_id, total(r))
+        return episode_advantages(algo, rewards) is not None
     except Exception:  # noqa: BLE001 - judged by build, group by group
         return True
 
