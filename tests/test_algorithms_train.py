@@ -11,9 +11,9 @@ from actorjet.runtime.head import attach_root, status as head_status
 from actorjet.store.episode_store import EpisodeStore
 from swarm import REPO, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-STEPS = 30
+STEPS = 20
 # One model per algorithm, each with its knobs as published (rl/algorithms.py); PPO's critic
 # on the trunk, RLOO with truncated importance sampling and REINFORCE++ with its KL in the
 # reward, so those paths run live too.
@@ -53,8 +53,9 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
         train = [r for r in rows if r["kind"] == "train" and r["model"] == name]
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == name]
         assert [r["step"] for r in train] == list(range(1, STEPS + 1)), name
-        # The quickstart's bar, 55% held-out (31.8% before).  Measured at step 30 by
-        # `python bench/algorithms.py` (bench/results/algorithms*.json): see docs/algorithms.md.
+        # The quickstart's bar, 55% held-out (31.8% before).  At step 20 the 18 runs of
+        # `python bench/algorithms.py --fixed-start` (bench/results/algorithms-fixed-start.json)
+        # were at 60.5–68.0%: the lowest is 5.5 points above the bar.
         assert abs(evals[0] - 0.318) < 0.001 and evals[-1] >= 0.55, (name, evals)
         store = EpisodeStore(run / f"episodes-{name}.sqlite").counts()
         assert store["trained"] >= STEPS * 32 and store["quarantined"] == 0, (name, store)
