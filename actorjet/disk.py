@@ -21,6 +21,9 @@ import sqlite3
 from pathlib import Path
 
 RETRY_S = 2.0        # how often a paused writer tries again
+# A paused gateway resumes when this much is free: more than one failed write frees when its
+# writer removes the torn part (a partial checkpoint), so a full disk does not flicker unpaused.
+RESUME_BYTES = 64 << 20
 
 
 def is_full(e: BaseException) -> bool:
@@ -78,7 +81,7 @@ def append_whole(path: str | Path, data: bytes) -> None:
         os.close(fd)
 
 
-def has_room(folder: str | Path, nbytes: int = 4 << 20) -> bool:
+def has_room(folder: str | Path, nbytes: int = RESUME_BYTES) -> bool:
     """Can ``nbytes`` be written in ``folder`` now?  (A writer whose own next write may be a
     long way off — a gateway with no calls while leasing is paused — asks this instead.)"""
     probe = Path(folder) / ".disk_probe"

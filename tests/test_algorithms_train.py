@@ -13,7 +13,7 @@ from swarm import REPO, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-STEPS = 20
+STEPS = 30
 # One model per algorithm, each with its knobs as published (rl/algorithms.py); PPO's critic
 # on the trunk, RLOO with truncated importance sampling and REINFORCE++ with its KL in the
 # reward, so those paths run live too.
@@ -23,7 +23,7 @@ MODELS = {"ppo": "", "rloo": "tis_cap = 2.0", "dr_grpo": "clip_high = 0.28",
 
 def job() -> str:
     models = "".join(f'[[models]]\nname = "{name}"\nsource = "tiny-arith"\nalgorithm = "{name}"\nlr = 1e-4\n'
-                     f"eval_every = 10\ncheckpoint_every = 1000\nmax_batch = 256\n{extra}\n"
+                     f"eval_every = {STEPS}\ncheckpoint_every = 1000\nmax_batch = 256\n{extra}\n"
                      for name, extra in MODELS.items())
     return (models + '[[tasks]]\nname = "arithmetic"\nsource = "agents.arithmetic_every_model"\n'
             'behavior = "agents.arithmetic_every_model:behavior"\n'
@@ -53,9 +53,10 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
         train = [r for r in rows if r["kind"] == "train" and r["model"] == name]
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == name]
         assert [r["step"] for r in train] == list(range(1, STEPS + 1)), name
-        # The quickstart's bar, 55% held-out (31.8% before).  At step 20 the 18 runs of
+        # The quickstart's bar, 55% held-out (31.8% before).  At step 30 the 18 runs of
         # `python bench/algorithms.py --fixed-start` (bench/results/algorithms-fixed-start.json)
-        # were at 60.5–68.0%: the lowest is 5.5 points above the bar.
+        # were at 62.9–71.7%, each algorithm alone.  Five side by side in the suite learned
+        # less per step than alone (at step 20, RLOO once stood at 53.3%): hence 30 steps.
         assert abs(evals[0] - 0.318) < 0.001 and evals[-1] >= 0.55, (name, evals)
         store = EpisodeStore(run / f"episodes-{name}.sqlite").counts()
         assert store["trained"] >= STEPS * 32 and store["quarantined"] == 0, (name, store)

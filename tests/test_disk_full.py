@@ -64,8 +64,9 @@ def tiny_disk(tmp_path):
 
 
 def fill(folder) -> int:
-    """Write a ballast file until the disk is full; returns its size."""
-    with open(folder / "ballast", "wb") as f:
+    """Grow the ballast file until the disk is full; returns what it added (a writer that frees
+    space — the learner pruning an old checkpoint — is topped up by calling it again)."""
+    with open(folder / "ballast", "ab") as f:
         block, size = b"\0" * (1 << 20), 0
         try:
             while True:
@@ -172,6 +173,7 @@ def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, sm
     paused_at, restarts = data["models"][0]["learner_step"], dict(data["restarts"])
     seen: dict[str, set] = {}
     for _ in range(16):                                   # paused: no step, no crash loop
+        fill(small_disk)                                  # the disk stays full, whoever frees a little
         time.sleep(0.5)
         data = status()
         for who, cause in data["disk_full"].items():
@@ -192,7 +194,9 @@ def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, sm
     os.kill(learner, signal.SIGKILL)
     wait_until(lambda: pid_of(port, "model.policy/learner") not in (None, learner), 30, interval_s=0.2,
                what="the learner restarted")
-    time.sleep(6)
+    for _ in range(12):
+        fill(small_disk)
+        time.sleep(0.5)
     data = status()
     after = {path: n for path, n in data["restarts"].items() if restarts.get(path) != n}
     assert list(after) == ["root/model.policy/learner"] and after["root/model.policy/learner"] == \

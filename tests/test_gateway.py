@@ -313,3 +313,51 @@ def test_an_ended_or_closed_episode_is_refused_with_its_cause(served):
     with pytest.raises(openai.APIStatusError) as refused:
         client(server, "ep_gone").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1"}])
     assert refused.value.status_code == 409 and "no LLM call for 120 s" in str(refused.value)
+
+
+def test_a_client_whose_end_answer_was_lost_retries_into_success_not_a_409(served):
+    """CI once failed a client-mode episode: its ``end`` landed, the answer was lost under load,
+    and the retry met 409 "it ended: its reward is stored".  A proxy that forwards the first
+    ``end`` to the real gateway and drops the answer replays it; a first-try 409 stays an error."""
+    import http.server
+    import threading
+    from actorjet.errors import UserError
+    from actorjet.runner.client import Client
+    _, server = served
+    forwarded = []
+
+    class LossyProxy(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            req = urllib.request.Request(server.url + self.path, data=body, headers=dict(self.headers))
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    status, answer = r.status, r.read()
+            except urllib.error.HTTPError as e:
+                status, answer = e.code, e.read()
+            forwarded.append((self.path, status))
+            if self.path.endswith("/end") and len([p for p, _ in forwarded if p.endswith("/end")]) == 1:
+                self.close_connection = True          # the answer is lost on the way back
+                return
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), LossyProxy)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        with Client(f"http://127.0.0.1:{proxy.server_port}", SECRET).episode() as ep:
+            ep.reward = 1.0
+        ends = [status for path, status in forwarded if path.endswith("/end")]
+        assert ends == [200, 409], forwarded                   # it landed, and the retry met the 409
+        with pytest.raises(UserError, match="reward is stored"):   # ending it again on purpose: an error
+            with Client(server.url, SECRET).episode() as again:
+                again.episode_id, again.api_key = ep.episode_id, ep.api_key
+                again.reward = 1.0
+    finally:
+        proxy.shutdown()
+        proxy.server_close()

@@ -79,6 +79,7 @@ from actorjet.store import completed
 from actorjet.store.episode_store import EpisodeStore
 role, run = sys.argv[1], sys.argv[2]
 store = EpisodeStore(os.path.join(run, "episodes-policy.sqlite"))
+open(os.path.join(run, f"ready-{os.getpid()}"), "w").close()      # imports done: the kills may start
 if role == "gateway":
     g = int(open(os.path.join(run, "next_group")).read()) if os.path.exists(os.path.join(run, "next_group")) else 0
     while True:
@@ -118,7 +119,12 @@ def test_sigkill_of_the_learner_and_the_gateway_during_retention_loses_nothing(t
     procs = {}
 
     def start(role):
+        """Start one and wait until it has imported (a busy machine takes seconds): the kill
+        must land while it works, or nothing is ever trained."""
         procs[role] = subprocess.Popen([sys.executable, str(script), role, str(run), here])
+        deadline = time.time() + 60
+        while not (run / f"ready-{procs[role].pid}").exists() and procs[role].poll() is None and time.time() < deadline:
+            time.sleep(0.05)
 
     rng = random.Random(0)
     try:

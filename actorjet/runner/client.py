@@ -18,24 +18,30 @@ import time
 from actorjet.errors import UserError
 from actorjet.runner.llm import LLM
 from actorjet.runtime import http_json
+from actorjet.store.episode_store import ENDED
 
 
 RETRY_S = 60.0     # a gateway that restarts comes back on the same URL within seconds
 
 
-def _post(url: str, key: str, body: dict, retry_s: float = RETRY_S) -> dict:
+def _post(url: str, key: str, body: dict, retry_s: float = RETRY_S, done_if: str = "") -> dict:
     """POST with retries while the gateway is unreachable or answers a retryable 503 (it
-    restarts on the same URL); any other error is final and names the gateway's reason."""
-    deadline, wait = time.monotonic() + retry_s, 0.2
+    restarts on the same URL); any other error is final and names the gateway's reason.
+    ``done_if``: the refusal a retry meets when an earlier try landed but its answer was lost
+    (an episode's ``end``: "it ended: its reward is stored") — that retry succeeded."""
+    deadline, wait, tried = time.monotonic() + retry_s, 0.2, False
     while True:
         try:
             return http_json.post(url, body, key)
         except http_json.HttpError as e:
+            if (tried or e.resent) and done_if and e.status == 409 and done_if in e.message:
+                return {"ok": True}
             if e.status != 503 or time.monotonic() > deadline:
                 raise UserError(str(e)) from None
         except http_json.Unreachable as e:
             if time.monotonic() > deadline:
                 raise UserError(str(e)) from None
+        tried = True
         time.sleep(wait)
         wait = min(wait * 2, 2.0)
 
@@ -64,7 +70,7 @@ class Episode:
     def __exit__(self, exc_type, exc, tb) -> bool:
         verb = "end" if exc_type is None and self.reward is not None else "abort"
         _post(f"{self._client.url}/v1/actorjet/episodes/{self.episode_id}/{verb}", self.api_key,
-              {"reward": self.reward, "task": self.task, "group": self.group})
+              {"reward": self.reward, "task": self.task, "group": self.group}, done_if=ENDED)
         return False
 
 

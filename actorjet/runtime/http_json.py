@@ -22,9 +22,11 @@ _local = threading.local()
 
 
 class HttpError(Exception):
-    def __init__(self, url: str, status: int, message: str):
+    def __init__(self, url: str, status: int, message: str, resent: bool = False):
         super().__init__(f"{url}: {status} {message}")
-        self.url, self.status, self.message = url, status, message
+        # resent: the request went out twice (the first connection dropped without an answer,
+        # so the first may have landed): a caller that is not idempotent judges the answer
+        self.url, self.status, self.message, self.resent = url, status, message, resent
 
 
 class Unreachable(Exception):
@@ -83,7 +85,7 @@ def request(method: str, url: str, body: dict | None = None, token: str | None =
             conn.close()
             raise Unreachable(url, str(e) or type(e).__name__) from None
         if resp.status >= 400:
-            raise HttpError(url, resp.status, _message(raw))
+            raise HttpError(url, resp.status, _message(raw), resent=attempt == 1)
         try:
             return json.loads(raw)
         except ValueError:
