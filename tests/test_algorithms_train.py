@@ -48,7 +48,12 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
     status = lambda: head_status(*attach_root(port))  # noqa: E731
     wait_until(lambda: status()["training_finished"], 900, interval_s=1, what=f"{STEPS} steps of all five learners")
 
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    def rows() -> list[dict]:
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # the last evaluation runs beside training (it never holds a step up): it may end after it
+    wait_until(lambda: {r["model"] for r in rows() if r["kind"] == "eval" and r["step"] == STEPS} == set(MODELS),
+               120, interval_s=1, what=f"every model's evaluation at step {STEPS}")
+    rows = rows()
     for name in MODELS:
         train = [r for r in rows if r["kind"] == "train" and r["model"] == name]
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == name]

@@ -6,6 +6,9 @@ drops out of the convention; that alone is too slow and too trusting, so the reg
 (2) runs its own heartbeats to a NodeLink on every node and declares a node lost after
 ``node_timeout_s`` without an answer, and (3) re-admits a node that answers again after a
 network cut under a fresh admission id, so the node stops the runners of the old one.
+A node that drops out of the convention while it still answers the heartbeats is not lost:
+on a saturated machine its admin can miss two 3 s re-registrations (CI once restarted a
+two-host learner that way); the heartbeat, with its allowance for a starved registry, decides.
 Episode bookkeeping (leases, groups, results) lives in actorjet/registry/episodes.py.
 """
 from __future__ import annotations
@@ -63,6 +66,11 @@ class Registry(ManagedActor):
                 return          # a re-registration we already know about
             self._admit(caps)
         elif node_id:
+            node = self.table.nodes.get(node_id)
+            if node is not None and node.alive and time.monotonic() - node.last_seen < self.table.node_timeout_s:
+                log.info("node %s left the convention but answered %.1f s ago: its heartbeat decides",
+                         node.name, time.monotonic() - node.last_seen)
+                return
             self._lost(node_id, "left the convention (stopped or unreachable)")
 
     def _admit(self, caps: dict) -> None:
