@@ -36,6 +36,12 @@ sys.path.insert(0, str(REPO))
 from common import RESULTS, start_head, table, write  # noqa: E402
 
 
+def evaluated(run_dir: Path, step: int) -> bool:
+    path = run_dir / "metrics.jsonl"
+    return path.exists() and any(r.get("kind") == "eval" and r.get("step") == step
+                                 for r in map(json.loads, filter(str.strip, path.read_text().splitlines())))
+
+
 def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorithm: str = "grpo") -> dict:
     spec = tomllib.loads((REPO / "agents" / "calculator.toml").read_text())
     spec["train"].update(seed=seed, steps=steps)
@@ -53,8 +59,8 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorith
                 if new != step:
                     step = new
                     print(f"  {algorithm} seed {seed}: step {step} at {(time.time() - t0) / 60:.1f} min", flush=True)
-                if step >= steps:
-                    break
+                if step >= steps and (steps % spec["models"][0]["eval_every"] or evaluated(run_dir, steps)):
+                    break    # (the last evaluation runs beside training and may end after it)
                 time.sleep(2)
             time.sleep(1)    # the last metric lines reach the registry's file
         finally:
@@ -76,7 +82,7 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorith
             "publish_s": statistics.median(r.get("publish_s") or 0.0 for r in train) if train else None,
             "minutes": (time.time() - t0) / 60,
             "wall_s_per_step": (time.time() - t0) / max(1, len(train)),     # loading included
-            "value_loss": [r.get("value_loss") for r in train]}
+            "rewards": [r["reward_mean"] for r in train], "value_loss": [r.get("value_loss") for r in train]}
 
 
 def plot(runs: list[dict], path: Path) -> None:
