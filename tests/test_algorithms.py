@@ -125,6 +125,21 @@ def test_truncated_importance_sampling_weights_by_recompute_over_engine_capped(m
     assert info["tis_weight"] == pytest.approx(2.5) and info["mismatch"] == pytest.approx(math.log(3) + math.log(2))
 
 
+def test_the_mismatch_counts_only_tokens_sampled_at_the_weights_being_trained(model):
+    """A token one version stale differs from the recompute by the last step as well: CI saw
+    0.10 right after the first step, which is not the engine's error.  keep_fresh stamps the
+    version a sample is trained at; the mismatch is measured on that version's tokens."""
+    from actorjet.rl.step import keep_fresh
+    s = sample([Term(k, 1.0, -1.0, 1.0, version) for k, version in enumerate([3, 2, 3])])
+    fresh = keep_fresh([s], version=3, max_staleness=1)
+    assert fresh.samples[0]["trained_at"] == 3
+    batch = collate(term_weights(fresh.samples, "token-mean"), 0)
+    batch["prox"] = batch["old_logprobs"] + torch.tensor([0.1, 0.5, -0.2])
+    _, info = policy_loss(model, batch, Algorithm(tis_cap=2.0))
+    assert batch["term_current"].tolist() == [True, False, True]
+    assert info["mismatch"] == pytest.approx(0.3) and info["mismatch_n"] == 2     # the stale 0.5 is not in it
+
+
 def test_reinforce_pp_shapes_rewards_with_the_kl_to_go_and_normalizes_over_the_batch():
     s = sample(terms(3, call=0, rewards=[0.0, 0.0, 1.0]))
     ref = [[t.old_logprob - d for t, d in zip(s["terms"], [0.1, 0.2, 0.3])]]   # k1 = 0.1, 0.2, 0.3

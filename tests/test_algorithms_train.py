@@ -70,6 +70,9 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
     # Live, its loss tracks the returns' variance, which grows as accuracy nears 50%.
     assert all(r["value_loss"] > 0 and math.isfinite(r["value_explained"]) for r in ppo), ppo
     rloo = [r for r in rows if r["kind"] == "train" and r["model"] == "rloo"]
-    assert all(0 <= r["logprob_mismatch"] < 0.05 and r["tis_weight"] > 0.9 for r in rloo)   # engine ≈ learner
+    # engine ≈ learner on the tokens sampled at the weights being trained (None: a step with none)
+    mismatch = [r["logprob_mismatch"] for r in rloo if r["logprob_mismatch"] is not None]
+    assert len(mismatch) >= STEPS // 2 and all(0 <= x < 0.05 for x in mismatch), mismatch
+    assert all(r["tis_weight"] > 0.9 for r in rloo), rloo
     gspo = [r for r in rows if r["kind"] == "train" and r["model"] == "gspo"]
     assert any(r["clip_frac"] > 0 for r in gspo)          # its sequence ratios meet its 3e-4/4e-4 clip range

@@ -63,7 +63,10 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
            "advantages": torch.tensor([r[3] for r in rows], dtype=torch.float32),
            "old_logprobs": torch.tensor([r[4] for r in rows], dtype=torch.float32),
            "temperatures": torch.tensor([r[5] for r in rows], dtype=torch.float32),
-           "term_call": torch.tensor([r[6] for r in rows], dtype=torch.long)}
+           "term_call": torch.tensor([r[6] for r in rows], dtype=torch.long),
+           # sampled at the weights being trained (keep_fresh's stamp; unstamped: every term)
+           "term_current": torch.tensor([t.version == s.get("trained_at", t.version)
+                                         for s in samples for t in s["terms"]], dtype=torch.bool)}
     for key in PER_TERM:             # what the step added per term (weights, first-pass values)
         if all(key in s for s in samples):
             out[key] = torch.tensor([x for s in samples for x in s[key]], dtype=torch.float32)
@@ -173,12 +176,16 @@ def policy_loss(model, batch: dict, algo: Algorithm, ref_model=None, critic=None
     ratio = torch.exp(log_ratio)
     adv, weights = batch["advantages"], batch["weights"]
     per_term = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - algo.clip_low, 1 + algo.clip_high) * adv)
-    info = {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0, "value_loss": 0.0, "tis_weight": 0.0, "mismatch": 0.0}
+    info = {"clipped": 0.0, "kl": 0.0, "ratio_dev": 0.0, "value_loss": 0.0, "tis_weight": 0.0, "mismatch": 0.0,
+            "mismatch_n": 0.0}
     if "prox" in batch:               # truncated importance sampling: learner recompute vs engine
         is_weight = torch.exp(batch["prox"] - batch["old_logprobs"]).clamp(max=algo.tis_cap)
         per_term = per_term * is_weight
         info["tis_weight"] = float(is_weight.sum())
-        info["mismatch"] = float((batch["prox"] - batch["old_logprobs"]).abs().sum())
+        # engine vs learner at the same weights: a stale token's gap is also the last step's change
+        current = batch["term_current"]
+        info["mismatch"] = float((batch["prox"] - batch["old_logprobs"]).abs()[current].sum())
+        info["mismatch_n"] = float(current.sum())
     if ref_model is not None and algo.kl > 0 and algo.kl_in == "loss":
         with torch.no_grad():
             ref = term_logprobs(ref_model, batch)
@@ -293,6 +300,6 @@ def grpo_step(model, optimizer, samples: list[dict], algo: Algorithm, pad_id: in
         info["value_loss"] = totals["value_loss"] / n_terms
         info["value_explained"] = explained_variance(samples)
     if algo.tis_cap > 0:       # engine vs learner: mean |Δ logprob| and the mean importance weight
-        info["logprob_mismatch"] = totals["mismatch"] / n_terms
+        info["logprob_mismatch"] = totals["mismatch"] / totals["mismatch_n"] if totals["mismatch_n"] else None
         info["tis_weight"] = totals["tis_weight"] / n_terms
     return info

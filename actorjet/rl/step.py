@@ -27,14 +27,16 @@ class Fresh:
 
 def keep_fresh(samples: list[dict], version: int, max_staleness: int) -> Fresh:
     """Keep the terms sampled at ``version - max_staleness`` or later; a sample whose terms are
-    all too old is dropped whole (its tokens would only be context)."""
+    all too old is dropped whole (its tokens would only be context).  Each kept sample is
+    stamped ``trained_at = version``: the step's engine/learner mismatch is measured on the
+    tokens sampled at the very weights the learner holds (rl/grpo.py)."""
     floor = version - max_staleness
     kept, dropped = [], 0
     for s in samples:
         fresh = [t for t in s["terms"] if t.version >= floor]
         dropped += len(s["terms"]) - len(fresh)
         if fresh:
-            kept.append(dict(s, terms=fresh))
+            kept.append(dict(s, terms=fresh, trained_at=version))
     return Fresh(kept, dropped, [version - t.version for s in kept for t in s["terms"]])
 
 
