@@ -7,7 +7,7 @@ import pytest
 
 from soak import Soak, verdicts
 
-pytestmark = [pytest.mark.slow, pytest.mark.netns]   # beside a busy neighbour: no false node loss either
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.alone]   # it measures the machine
 
 SECONDS, FAULT_EVERY_S, WARMUP_S, WINDOW_S = 70, 12, 20, 20
 
