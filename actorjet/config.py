@@ -20,50 +20,15 @@ import sys
 import tomllib
 from pathlib import Path
 
+from actorjet import job_schema
 from actorjet.checks import is_int
 from actorjet.errors import UserError
 from actorjet.rl import algorithms, lora
 
-MODEL_DEFAULTS = {
-    "name": "policy", "source": "tiny-arith", "engine": "transformers", "device": "cpu",
-    "dtype": "float32", "trainable": True, "lr": 1e-4, "clip": 0.2, "kl": 0.0, "grad_clip": 1.0,
-    "max_batch": 256, "gateway_port": 0, "checkpoint_every": 50, "eval_every": 10,
-    "checkpoint_keep_last": 3,    # checkpoints kept: the newest N (at least the newest, to resume from) …
-    "checkpoint_keep_best": 1,    # … and the N best by held-out accuracy (models/checkpoint_retention.py)
-    "eval_max_tokens": 8, "default_max_tokens": 256,
-    "eval_split": "validation",   # the held-out split the learner reports (task sources' eval_tasks(split))
-    "merge": "auto",   # context tracker: none | prefix | tree | auto (the best the model supports)
-    "attention": "model",         # model (its own kernel) | exact (packing changes no bit; slower)
-    "merge_match": "ids",         # ids | text (for engines that re-tokenize; see rl/align.py)
-    "merge_ignore_tools": False,  # merge turns whose tool lists differ (an approximation; align.py)
-    "threads": 0,   # torch threads per engine/learner process; 0 = auto (see serving/threads.py)
-    "groups_per_step": 0,   # this model's batch size in GRPO groups; 0 = [train] groups_per_step
-    "lora": {},     # {} = full fine-tuning; { r = 16, alpha = 32, target_modules = "all-linear" } (rl/lora.py)
-    "base": "",     # another model's name: be an adapter on that model's engine (both use lora)
-    "prefix_cache_mb": 1024.0,   # transformers engine: KV caches kept between a conversation's calls (0: none)
-    "tool_parser": "",   # hermes | llama3_json | mistral | pythonic ('': read from the chat template)
-    "engines": 1,        # engine replicas; the gateway spreads calls over them (serving/engine_client.py)
-    "engine_placement": [],   # one placement table per replica ({ node = N } / { gpus = 1 }); [] = the tree's
-    "tensor_parallel_size": 1,   # engine = "vllm": GPUs per replica (vLLM's tensor parallelism)
-    "learner": {},       # { ranks = N, placement = [{ node = "a" }, …] }: N learner ranks (actors/learner_rank.py)
-    **algorithms.MODEL_KEYS,   # algorithm = "grpo" | "dr_grpo" | "rloo" | "reinforce_pp" | "gspo" | "ppo", its knobs
-}
-TASK_DEFAULTS = {"name": "arithmetic", "source": "agents.arithmetic",
-                 "behavior": "agents.arithmetic:behavior", "weight": 1.0}
-TRAIN_DEFAULTS = {"group_size": 8, "groups_per_step": 32, "steps": 100, "max_staleness": 1,
-                  "seed": 0, "runner_concurrency": 32,
-                  "lease_timeout_s": 120.0,  # an episode with no LLM call for this long is expired (idle limit)
-                  "episode_max_s": 3600.0,   # an episode running longer than this is expired, however busy
-                  "keep_trajectories": False,   # before retention deletes trained calls, append them to
-                                                # RUN_DIR/trajectories/MODEL.jsonl (actorjet export-data)
-                  "episode_retries": 2,      # rounds of re-running failed members before a group is dropped
-                  "runner_memory_mb": 0.0,   # a runner above this RSS restarts (0: no limit)
-                  "isolation": "thread",     # thread | process: each task's episodes in its own process
-                  "task_memory_mb": 0.0,     # with isolation = process: a task worker above this restarts
-                  "mix": "fill",             # strict | fill: batches keep the task weights, or fill when one stalls
-                  "fill_after_s": 0.5,       # fill: how long a batch waits for a stalled task's share
-                  "stall_s": 120.0,          # an engine or learner with work waiting and no progress this long is restarted
-                  "tensorboard": False}      # also write TensorBoard event files into the run dir (extra `tb`)
+# Every field's default, meaning and study range: job_schema.py (one source of truth).
+MODEL_DEFAULTS = job_schema.defaults(job_schema.MODEL)
+TASK_DEFAULTS = job_schema.defaults(job_schema.TASK)
+TRAIN_DEFAULTS = job_schema.defaults(job_schema.TRAIN)
 
 
 def tree_path(name: str) -> Path:
@@ -142,6 +107,12 @@ def normalize(data: dict, where: str = "job") -> dict:
                 isinstance(p, dict) and set(p) <= {"node", "gpus", "cpus"} for p in places)):
             raise UserError(f"{where}: model {m['name']!r}: engine_placement must list one placement table per "
                             f"engine replica ({m['engines']}), each with node, gpus or cpus")
+        for key in ("lr", "grad_clip", "max_batch", "eval_every", "checkpoint_every", "eval_max_tokens",
+                    "default_max_tokens"):
+            if not m[key] > 0:
+                raise UserError(f"{where}: model {m['name']!r}: {key} must be > 0, got {m[key]!r}")
+        if m["threads"] < 0 or m["groups_per_step"] < 0:
+            raise UserError(f"{where}: model {m['name']!r}: threads and groups_per_step must be >= 0 (0: automatic)")
         m["learner"] = _learner(m["learner"], f"{where}: model {m['name']!r}: learner")
         algorithms.check(m, f"{where}: model {m['name']!r}")
         if m["checkpoint_keep_last"] < 1 or m["checkpoint_keep_best"] < 0:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent / "actorjet"
 # lowest first; a unit is a package (directory) or a top-level module of actorjet
 LAYERS = [
     {"errors", "signing", "checks", "disk"},                                 # no ActorJet import
-    {"rl", "monitor", "behaviors", "config"},                                # math, files, formats, the job schema
+    {"rl", "monitor", "behaviors", "config", "job_schema"},                  # math, files, formats, the job schema
     {"runtime"},                                                             # actor system, transport
     {"store"},                                                               # the episode store
     {"serving"},                                                             # engines, gateway (HTTP APIs)

@@ -16,8 +16,40 @@ def add_research(sub) -> None:
                        "  actorjet research plan agents/studies/lr.toml         stages, trial count, time estimate\n"
                        "  actorjet research run agents/studies/lr.toml --dir studies/lr\n"
                        "  actorjet research status studies/lr\n"
-                       "  actorjet research report studies/lr                   report.md, results.json, figures")
+                       "  actorjet research report studies/lr                   report.md, results.json, figures\n"
+                       "  actorjet research ask \"does lr matter\" --base-job agents/job.toml   a question → a draft\n"
+                       "  actorjet research knobs --base-job agents/job.toml    every field a study may turn")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    ask = verbs.add_parser("ask", help="turn a research question into a draft study (and run it with --yes)",
+                           description="Draft a study spec from a question about a base job.  Without --planner "
+                           "a small grammar reads: 'does KNOB matter [for METRIC]', 'best KNOB between A and B', "
+                           "'compare ALGO, ALGO and ALGO on TASK', 'how does METRIC scale with KNOB' (METRIC: "
+                           "accuracy, auc / learning speed, 'steps to N%').  With --planner URL (any "
+                           "OpenAI-compatible endpoint, an ActorJet gateway included) an LLM drafts it from the "
+                           "catalogue of knobs; either draft is checked like any study before it is written.",
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog="examples:\n"
+                           "  actorjet research ask \"does group size matter\" --base-job agents/job.toml\n"
+                           "  actorjet research ask \"best lr between 1e-5 and 1e-3\" --base-job agents/job.toml "
+                           "--out studies/lr.toml\n"
+                           "  actorjet research ask \"compare grpo, ppo and rloo on calculator\" "
+                           "--base-job agents/calculator.toml\n"
+                           "  actorjet research ask \"which clip setting stops the collapse?\" --base-job JOB "
+                           "--planner http://localhost:8000/v1")
+    ask.add_argument("question", metavar="QUESTION")
+    ask.add_argument("--base-job", required=True, metavar="JOB.toml", help="the job every trial varies")
+    ask.add_argument("--out", default=None, metavar="STUDY.toml",
+                     help="where the draft is written (default studies/ask-WORDS.toml)")
+    ask.add_argument("--planner", default="", metavar="URL", help="an OpenAI-compatible endpoint (…/v1)")
+    ask.add_argument("--planner-model", default="", metavar="NAME",
+                     help="the planner's model (default: the first the endpoint lists)")
+    ask.add_argument("--yes", action="store_true", help="run the draft at once (research run)")
+    ask.add_argument("--dir", default=None, help="with --yes: the study directory (default studies/STUDY-NAME)")
+    ask.set_defaults(func=cmd_ask)
+    knobs = verbs.add_parser("knobs", help="the catalogue: every job field with its type, value, meaning and range")
+    knobs.add_argument("--base-job", required=True, metavar="JOB.toml")
+    knobs.add_argument("--all", action="store_true", help="also the fields with no default range")
+    knobs.set_defaults(func=cmd_knobs)
     plan = verbs.add_parser("plan", help="print the stages, the trial count and a time estimate; runs nothing")
     plan.add_argument("study", metavar="STUDY.toml")
     plan.set_defaults(func=cmd_plan)
@@ -114,4 +146,44 @@ def cmd_report(args) -> int:
     from actorjet.research import study_report
 
     print(f"wrote {study_report.build(args.dir)}")
+    return 0
+
+
+def cmd_ask(args) -> int:
+    import re
+
+    from actorjet.errors import UserError
+    from actorjet.research import ask
+
+    job = Path(args.base_job)
+    if not job.is_file():
+        raise UserError(f"--base-job: no job config at {job}")
+    slug = "-".join(re.findall(r"[a-z0-9]+", args.question.lower())[:6]) or "question"
+    out = Path(args.out or f"studies/ask-{slug}.toml")
+    spec, how = ask.draft(args.question, job, out, args.planner, args.planner_model)
+    text = ask.to_toml(spec, how, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    print(f"wrote {out}")
+    if not args.yes:
+        print(f"review it, then: actorjet research run {out}")
+        return 0
+    return cmd_run(argparse.Namespace(study=str(out), dir=args.dir))
+
+
+def cmd_knobs(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from actorjet.config import load_job
+    from actorjet.research.catalogue import catalogue
+
+    table = Table("knob", "type", "value", "default range", "meaning")
+    for e in catalogue(load_job(args.base_job)).values():
+        if e["explore"] is not None or args.all:
+            rule = next(iter(e["explore"].items())) if e["explore"] else None
+            table.add_row(e["path"], e["type"], repr(e["value"]), f"{rule[0]} {rule[1]}" if rule else "-",
+                          e["meaning"])
+    Console(width=200).print(table)
     return 0

@@ -38,11 +38,6 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 CRITICS = ("trunk", "separate")
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "gspo")   # a group whose rewards are equal has no signal
 
-# The knobs a model entry may set (config.py MODEL_DEFAULTS); 0 / "" = the algorithm's default.
-MODEL_KEYS = {"algorithm": "grpo", "clip_low": 0.0, "clip_high": 0.0, "loss_agg": "", "kl_estimator": "k3",
-              "kl_in": "loss", "tis_cap": 0.0, "dynamic_sampling": False, "gamma": 1.0, "lam": 0.0,
-              "critic": "trunk", "value_coef": 0.5, "critic_lr": 0.0}
-
 ALGORITHM_DEFAULTS = {
     "grpo": {"loss_agg": "token-mean"},
     "dr_grpo": {"loss_agg": "seq-mean-token-sum"},
