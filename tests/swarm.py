@@ -217,6 +217,17 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str =
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
 
 
+def evaluated_rows(run: Path, models, step: int, timeout_s: float = 120) -> list[dict]:
+    """RUN/metrics.jsonl's rows once every model's held-out evaluation at ``step`` is in it.
+    The last evaluation runs beside training (it never holds a step up), so a test that reads
+    the rows when the last step is trained may miss it and judge an earlier one."""
+    def rows() -> list[dict]:
+        return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    wait_until(lambda: {r.get("model") for r in rows() if r.get("kind") == "eval" and r.get("step") == step}
+               >= set(models), timeout_s, interval_s=1, what=f"the evaluations of {sorted(models)} at step {step}")
+    return rows()
+
+
 def pid_of(port: int, path: str) -> int | None:
     """The pid of the actor at ``path`` in the tree of the head on ``port`` (None if absent)."""
     from actorjet.runtime import messages as m

@@ -2,14 +2,13 @@
 five models in one job, each with its own algorithm, answering the same episodes
 (agents/arithmetic_every_model.py: one call and one reward per model).  GRPO, the default, is
 the quickstart test itself (tests/test_training.py)."""
-import json
 import math
 
 import pytest
 
 from actorjet.runtime.head import attach_root, status as head_status
 from actorjet.store.episode_store import EpisodeStore
-from swarm import REPO, wait_until
+from swarm import REPO, evaluated_rows, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -48,12 +47,7 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
     status = lambda: head_status(*attach_root(port))  # noqa: E731
     wait_until(lambda: status()["training_finished"], 900, interval_s=1, what=f"{STEPS} steps of all five learners")
 
-    def rows() -> list[dict]:
-        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    # the last evaluation runs beside training (it never holds a step up): it may end after it
-    wait_until(lambda: {r["model"] for r in rows() if r["kind"] == "eval" and r["step"] == STEPS} == set(MODELS),
-               120, interval_s=1, what=f"every model's evaluation at step {STEPS}")
-    rows = rows()
+    rows = evaluated_rows(run, MODELS, STEPS)
     for name in MODELS:
         train = [r for r in rows if r["kind"] == "train" and r["model"] == name]
         evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == name]

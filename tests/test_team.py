@@ -7,7 +7,7 @@ import pytest
 
 from actorjet.rl.calls import prompt_ids
 from actorjet.store.episode_store import EpisodeStore
-from swarm import REPO, recorded_calls, wait_until
+from swarm import REPO, evaluated_rows, recorded_calls, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
@@ -40,7 +40,7 @@ def test_two_models_train_on_their_own_calls_and_both_learn(swarm, network, tmp_
             seen.setdefault(model, set()).update(prompt_ids(call) + call["completion_ids"])
     assert max(seen["proposer"]) < TINY_VOCAB < max(seen["verifier"])        # two different tokenizers
 
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = evaluated_rows(run, ("proposer", "verifier"), STEPS)
     for model in ("proposer", "verifier"):
         rewards = [r["reward_mean"] for r in rows if r["kind"] == "train" and r["model"] == model]
         assert len(rewards) == STEPS
@@ -103,7 +103,7 @@ def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(s
             assert call["model"] == model and call["role"] == model      # only its own calls
             versions.add(call["weight_version"])
         assert max(versions) >= SHARED_STEPS // 2, (model, sorted(versions))   # served by its own learner's versions
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = evaluated_rows(run, ("adder", "rounder"), SHARED_STEPS)
     for model in ("adder", "rounder"):
         train = [r for r in rows if r["kind"] == "train" and r["model"] == model]
         # every version is the adapter: 0.76 MB, against 4.2 MB for the whole of tiny-arith

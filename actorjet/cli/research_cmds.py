@@ -56,6 +56,16 @@ def add_research(sub) -> None:
     run = verbs.add_parser("run", help="run (or resume) the study unattended")
     run.add_argument("study", metavar="STUDY.toml")
     run.add_argument("--dir", default=None, help="the study directory (default studies/STUDY-NAME)")
+    run.add_argument("--follow-ups", type=int, default=0, metavar="N",
+                     help="when the study ends, let the evidence pick the next question and run it, up to N "
+                     "more studies (a chain in --dir: chain.sqlite, study-0/, study-1/, chain.md)")
+    run.add_argument("--min-effect", type=float, default=0.02, metavar="E",
+                     help="with --follow-ups: the chain stops after two studies that found nothing above E "
+                     "(metric units; default 0.02)")
+    run.add_argument("--planner", default="", metavar="URL",
+                     help="with --follow-ups: an OpenAI-compatible endpoint that proposes each next study "
+                     "(checked like any spec; the playbook decides when it is invalid)")
+    run.add_argument("--planner-model", default="", metavar="NAME")
     run.set_defaults(func=cmd_run)
     status = verbs.add_parser("status", help="trials per stage and state, and the decisions so far")
     status.add_argument("dir", metavar="DIR")
@@ -90,20 +100,39 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from actorjet.errors import UserError
+    from actorjet.research import chain, study_report
+    from actorjet.research.plan import check_budget, make_plan
+    from actorjet.research.study_spec import load_study
+
+    study = load_study(args.study)
+    check_budget(study, make_plan(study))
+    if getattr(args, "follow_ups", 0) < 0:
+        raise UserError("--follow-ups must be 0 or more")
+    if getattr(args, "follow_ups", 0):
+        chain_dir = Path(args.dir or f"studies/{Path(args.study).stem}-chain")
+        path = chain.run_chain(study, chain_dir, args.follow_ups, run_one, min_effect=args.min_effect,
+                               planner=args.planner, planner_model=args.planner_model)
+        print(f"chain report: {path}")
+        return 0
+    study_dir = Path(args.dir or f"studies/{Path(args.study).stem}")
+    run_one(study, study_dir)
+    print(f"report: {study_report.build(study_dir)}")
+    return 0
+
+
+def run_one(study: dict, study_dir: Path) -> None:
+    """One study to its end, with a progress bar per stage."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import errno
     import sqlite3
 
     from actorjet.errors import UserError
-    from actorjet.research import study_report
     from actorjet.research.controller import Controller
     from actorjet.research.plan import check_budget, make_plan
-    from actorjet.research.study_spec import load_study
 
-    study = load_study(args.study)
     check_budget(study, make_plan(study))
-    study_dir = Path(args.dir or f"studies/{Path(args.study).stem}")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn()) as bar:
         controller = Controller(study, study_dir, say=bar.console.print)
@@ -116,15 +145,21 @@ def cmd_run(args) -> int:
                 raise
             raise UserError(f"the study stopped: its files in {study_dir} cannot be written ({e}); free the "
                             "space or fix the permissions and run the same command again: it resumes") from None
-    path = study_report.build(study_dir)
-    print(f"report: {path}")
-    return 0
 
 
 def cmd_status(args) -> int:
     from actorjet.errors import UserError
     from actorjet.research.study_db import StudyRegistry
 
+    if (Path(args.dir) / "chain.sqlite").exists():
+        from actorjet.research.chain import ChainRegistry
+
+        reg = ChainRegistry(args.dir)
+        for link in reg.links():
+            print(f"study {link['n'] + 1} ({link['state']}): {link['question']}\n  why: {link['why']}")
+        if reg.get("stopped"):
+            print(f"stopped: {reg.get('stopped')}")
+        return 0
     if not (Path(args.dir) / "study.sqlite").exists():
         raise UserError(f"{args.dir} holds no study")
     reg = StudyRegistry(args.dir)
@@ -143,9 +178,10 @@ def cmd_status(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from actorjet.research import study_report
+    from actorjet.research import chain, study_report
 
-    print(f"wrote {study_report.build(args.dir)}")
+    chained = (Path(args.dir) / "chain.sqlite").exists()
+    print(f"wrote {chain.report(args.dir) if chained else study_report.build(args.dir)}")
     return 0
 
 
@@ -169,7 +205,7 @@ def cmd_ask(args) -> int:
     if not args.yes:
         print(f"review it, then: actorjet research run {out}")
         return 0
-    return cmd_run(argparse.Namespace(study=str(out), dir=args.dir))
+    return cmd_run(argparse.Namespace(study=str(out), dir=args.dir, follow_ups=0))
 
 
 def cmd_knobs(args) -> int:

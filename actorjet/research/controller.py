@@ -10,6 +10,7 @@ recorded as failed with the tail of its log; the study goes on.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import shutil
 import subprocess
@@ -97,8 +98,9 @@ class Controller:
             self.optuna._storage.set_trial_state_values(stale._trial_id, optuna.trial.TrialState.FAIL)
         seed = self.plan["seeds"]["explore"][0]
         base = {k: v["base"] for k, v in self.study["knobs"].items()}
-        if not self.reg.trials("explore") and all(within(v["base"], v) for v in self.knobs.values()):
-            self.optuna.enqueue_trial(base)          # the base config competes too
+        if not self.reg.trials("explore"):
+            for params in self._first_asks(base, n):
+                self.optuna.enqueue_trial(params)
         while True:
             asked = len(self.reg.trials("explore"))
             for t in self.reg.trials("explore", "queued"):     # in flight when the controller died, or retried
@@ -125,6 +127,18 @@ class Controller:
                         f"{_show(top['params'])} with {self._name()} {self._natural(top['metric']):.3f}",
                         {"params": top["params"], "trial": top["id"], "metric": top["metric"]})
         return top["params"]
+
+    def _first_asks(self, base: dict, n: int) -> list[dict]:
+        """The base config competes too; and when every knob is a choice and the trials can
+        cover every combination, each is tried once (TPE alone may never draw an arm of a
+        comparison)."""
+        first = [base] if all(within(v["base"], v) for v in self.knobs.values()) else []
+        if all(k["kind"] == "choice" for k in self.knobs.values()):
+            grid = [dict(zip(self.knobs, values)) for values in itertools.product(
+                *(k["values"] for k in self.knobs.values()))]
+            if len(grid) <= n:
+                first += [g for g in grid if g not in first]
+        return first
 
     def _explore_knobs(self) -> dict:
         """The ranges to explore: the spec's, or the LLM planner's narrower ones if it proposed

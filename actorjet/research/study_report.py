@@ -22,7 +22,7 @@ def build(study_dir: str | Path) -> Path:
         raise UserError(f"{study_dir} holds no study (run `actorjet research run STUDY.toml --dir {study_dir}`)")
     out = Path(study_dir)
     trials, decisions = reg.trials(), reg.decisions()
-    importance = _knob_importance(trials, study)
+    importance = knob_importance(trials, study)
     figures = [_curves(out, trials), _explored(out, trials, study), _importance(out, decisions, importance)]
     conclusion = _conclusion(decisions)
     results = {"question": study["question"], "metric": study["metric"], "conclusion": conclusion,
@@ -151,7 +151,7 @@ def _explored(out: Path, trials: list[dict], study: dict) -> Path | None:
     return _save(fig, out / "explored.png")
 
 
-def _knob_importance(trials: list[dict], study: dict) -> dict:
+def knob_importance(trials: list[dict], study: dict) -> dict:
     """Optuna's PED-ANOVA importance of each knob over the finished explore trials, rebuilt from
     the registry (not from Optuna's own file), or {} with fewer than 3 of them."""
     import optuna

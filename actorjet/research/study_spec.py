@@ -31,6 +31,7 @@ from actorjet.config import load_job, normalize
 METRICS = ("final_accuracy", "auc", "steps_to")
 KINDS = ("log_uniform", "uniform", "int_uniform", "choice")
 SEED_STAGES = ("baseline", "explore", "confirm", "ablate")
+FOLLOWED_BY = ("", "long confirm", "narrow", "next knob", "planner")     # research/follow_up.py
 
 
 def load_study(path: str | Path) -> dict:
@@ -46,7 +47,7 @@ def load_study(path: str | Path) -> dict:
 
 def check_study(data: dict, where: str = "study", base_dir: Path = Path(".")) -> dict:
     known = {"question", "base_job", "metric", "budget", "knobs", "seeds", "explore", "decision", "planner",
-             "trials"}
+             "trials", "followed_by"}
     for key in data:
         if key not in known:
             raise UserError(f"{where}: unknown field {key!r} (known: {', '.join(sorted(known))})")
@@ -91,9 +92,14 @@ def check_study(data: dict, where: str = "study", base_dir: Path = Path(".")) ->
     from actorjet.research.planner import check_planner
 
     planner = check_planner(_table(data, "planner", where), where)
+    followed_by = data.get("followed_by", "")
+    if followed_by not in FOLLOWED_BY:
+        raise UserError(f"{where}: field 'followed_by' (why a chain ran this study): one of {FOLLOWED_BY}")
     study = {"question": question.strip(), "base_job": job, "planner": planner,
              "metric": {"kind": kind, "threshold": metric.get("threshold")}, "budget": budget, "seeds": seeds,
              "explore": explore, "decision": {"confidence": confidence}, "knobs": knobs}
+    if followed_by:          # (absent otherwise: a study's hash, and so its directory, stays as it was)
+        study["followed_by"] = followed_by
     study["hash"] = hashlib.sha256(json.dumps(study, sort_keys=True).encode()).hexdigest()[:16]
     study["trials"] = _trials(_table(data, "trials", where), where, base_dir)
     return study
