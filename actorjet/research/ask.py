@@ -207,25 +207,16 @@ Answer with one JSON object only, e.g.
 
 
 def _from_planner(question: str, job: dict, url: str, model: str) -> tuple[dict, str]:
-    import openai
+    from actorjet.research.planner import ask_json
 
-    client = openai.OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "none"), timeout=60, max_retries=1)
     knobs = "\n".join(f"- {e['path']} ({e['type']}, now {e['value']!r}): {e['meaning']}; {json.dumps(e['explore'])}"
                       for e in studiable(job).values())
     try:
-        model = model or client.models.list().data[0].id
-        answer = client.chat.completions.create(model=model, temperature=0, messages=[
-            {"role": "user", "content": PROMPT.format(question=question.strip(), knobs=knobs)}])
-        text = answer.choices[0].message.content or ""
-    except (openai.OpenAIError, IndexError) as e:
-        raise UserError(f"the planner at {url} did not answer: {type(e).__name__}: {str(e)[:200]}") from None
+        part, model, text = ask_json(url, model, PROMPT.format(question=question.strip(), knobs=knobs))
+    except ValueError as e:
+        raise UserError(str(e)) from None
     how = f"drafted by the planner at {url} (model {model})"
-    try:
-        start, end = text.index("{"), text.rindex("}") + 1
-        part = json.loads(text[start:end])
-    except ValueError:
-        raise UserError(f"{how}, but its answer is not a JSON object: {text[:200]!r}") from None
-    if not isinstance(part, dict) or not isinstance(part.get("knobs"), dict) or not part["knobs"]:
+    if not isinstance(part.get("knobs"), dict) or not part["knobs"]:
         raise UserError(f"{how}, but its answer names no knobs: {text[:200]!r}")
     explore = part.get("explore_trials", 8)
     out = {"metric": part.get("metric") if isinstance(part.get("metric"), dict) else {"kind": "final_accuracy"},

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 
 from actorjet.research.catalogue import catalogue
 from actorjet.research.study_spec import apply
@@ -145,22 +144,14 @@ Propose the next study, or stop. Answer with one JSON object only:
 
 def ask_planner(url: str, model: str, study: dict, found: dict, chain: list[dict]) -> tuple[dict | None, str]:
     """The planner's next study (checked by the caller) and its why; ValueError if unusable."""
-    import openai
+    from actorjet.research.planner import ask_json
 
     job = recommended_job(study, found)
     story = "\n".join(f"{i + 1}. {c['question']}\n   " + "\n   ".join(c["found"]["decisions"])
                       for i, c in enumerate(chain))
     knobs = "\n".join(f"- {e['path']} ({e['type']}, now {e['value']!r}): {e['meaning']}; {json.dumps(e['explore'])}"
                       for e in catalogue(job).values() if e["explore"])
-    client = openai.OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "none"), timeout=60, max_retries=1)
-    try:
-        model = model or client.models.list().data[0].id
-        answer = client.chat.completions.create(model=model, temperature=0, messages=[
-            {"role": "user", "content": PROMPT.format(story=story, knobs=knobs)}])
-        text = answer.choices[0].message.content or ""
-        part = json.loads(text[text.index("{"):text.rindex("}") + 1])
-    except (openai.OpenAIError, IndexError, ValueError) as e:
-        raise ValueError(f"the planner gave no usable answer ({type(e).__name__}: {str(e)[:200]})") from None
+    part, model, text = ask_json(url, model, PROMPT.format(story=story, knobs=knobs))
     why = str(part.get("why") or part.get("stop") or "")[:300]
     if "stop" in part:
         return None, f"the planner stops the chain: {why}"

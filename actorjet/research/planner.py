@@ -33,26 +33,38 @@ def check_planner(table: dict, where: str) -> dict | None:
             "api_key_env": str(table.get("api_key_env", "OPENAI_API_KEY"))}
 
 
-def propose(study: dict, baseline: list[float]) -> dict:
-    """Ask the planner; returns its parsed JSON (ValueError: no usable answer)."""
+def ask_json(url: str, model: str, prompt: str, api_key_env: str = "OPENAI_API_KEY") -> tuple[dict, str, str]:
+    """One question to an OpenAI-compatible endpoint whose answer holds a JSON object: returns
+    (the object, the model that answered, the answer's text).  ``model`` "" = the first the
+    endpoint lists.  ValueError naming the cause when there is no usable answer.  The one way
+    every planner here (study, ask, chain) speaks to its LLM."""
     import openai
 
-    cfg = study["planner"]
-    client = openai.OpenAI(base_url=cfg["base_url"], api_key=os.environ.get(cfg["api_key_env"], "none"),
-                           timeout=60, max_retries=1)
-    knobs = {name: {k["kind"]: k["values"]} for name, k in study["knobs"].items()}
+    client = openai.OpenAI(base_url=url, api_key=os.environ.get(api_key_env, "none"), timeout=60, max_retries=1)
     try:
-        answer = client.chat.completions.create(model=cfg["model"], temperature=0, messages=[
-            {"role": "user", "content": PROMPT.format(question=study["question"], metric=study["metric"],
-                                                      knobs=json.dumps(knobs), baseline=baseline)}])
+        model = model or client.models.list().data[0].id
+        answer = client.chat.completions.create(model=model, temperature=0,
+                                                messages=[{"role": "user", "content": prompt}])
         text = answer.choices[0].message.content or ""
-    except openai.OpenAIError as e:
-        raise ValueError(f"the planner endpoint failed: {type(e).__name__}: {e}") from None
+    except (openai.OpenAIError, IndexError) as e:
+        raise ValueError(f"the planner at {url} did not answer: {type(e).__name__}: {str(e)[:200]}") from None
     try:
         start, end = text.index("{"), text.rindex("}") + 1
-        return json.loads(text[start:end])
+        found = json.loads(text[start:end])
     except ValueError:
         raise ValueError(f"the planner's answer is not a JSON object: {text[:200]!r}") from None
+    if not isinstance(found, dict):
+        raise ValueError(f"the planner's answer is not a JSON object: {text[:200]!r}")
+    return found, model, text
+
+
+def propose(study: dict, baseline: list[float]) -> dict:
+    """Ask the planner; returns its parsed JSON (ValueError: no usable answer)."""
+    cfg = study["planner"]
+    knobs = {name: {k["kind"]: k["values"]} for name, k in study["knobs"].items()}
+    prompt = PROMPT.format(question=study["question"], metric=study["metric"], knobs=json.dumps(knobs),
+                           baseline=baseline)
+    return ask_json(cfg["base_url"], cfg["model"], prompt, cfg["api_key_env"])[0]
 
 
 def validate(study: dict, proposal: dict) -> dict:
