@@ -14,8 +14,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psutil
 import pytest
@@ -25,6 +23,7 @@ from actorjet.research.chain import ChainRegistry, as_data
 from actorjet.research.study_spec import check_study
 from swarm import REPO, wait_until
 from test_research import study, toml, trials
+from test_research_ask import Planner
 
 
 def found(**over) -> dict:
@@ -90,46 +89,21 @@ def test_a_chain_directory_is_tied_to_its_first_study(tmp_path):
         reg.start(as_data(check_study(study(question="another?"), "s")), 1)
 
 
-class NextStudy(BaseHTTPRequestHandler):
-    """A scripted planner: the follow-up is 'does group size matter?' (4 vs 2)."""
-    asked = 0
-
-    def log_message(self, *a):
-        pass
-
-    def do_GET(self):
-        self.reply({"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "t"}]})
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).asked += 1
-        answer = {"question": "Does group size matter once lr is chosen?",
-                  "knobs": {"train.group_size": {"choice": [4, 2]}}, "explore_trials": 2,
-                  "why": "lr settled; the group size sets the baseline's noise"}
-        self.reply({"id": "c", "object": "chat.completion", "created": 0, "model": "scripted",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": json.dumps(answer)}}]})
-
-    def reply(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+NEXT = {"question": "Does group size matter once lr is chosen?", "knobs": {"train.group_size": {"choice": [4, 2]}},
+        "explore_trials": 2, "why": "lr settled; the group size sets the baseline's noise"}
 
 
 @pytest.mark.slow
 def test_a_two_study_chain_killed_between_its_studies_resumes_with_no_trial_twice(tmp_path):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NextStudy)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    planner = Planner()              # a scripted planner (test_research_ask.py): the follow-up is NEXT
+    planner.answer = json.dumps(NEXT)
     spec = tmp_path / "chain.toml"
     spec.write_text(toml(study(knobs={"models.policy.lr": {"choice": [1e-4, 3e-4]}}, explore={"trials": 2},
                                seeds={"baseline": 1, "confirm": 1, "ablate": 1},
                                budget={"max_trials": 20, "max_wall_s": 1200, "parallel": 2})))
     out = tmp_path / "chain"
     command = [sys.executable, "-m", "actorjet.cli.main", "research", "run", str(spec), "--dir", str(out),
-               "--follow-ups", "1", "--planner", f"http://127.0.0.1:{server.server_port}/v1"]
+               "--follow-ups", "1", "--planner", planner.url]
     first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:
@@ -141,15 +115,15 @@ def test_a_two_study_chain_killed_between_its_studies_resumes_with_no_trial_twic
         before = trials(out / "study-0")
         again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     finally:
-        server.shutdown()
-        server.server_close()
+        planner.server.shutdown()
+        planner.server.server_close()
         if first.poll() is None:
             first.kill()
     assert again.returncode == 0, again.stdout + again.stderr
     links = ChainRegistry(out).links()
     assert [x["state"] for x in links] == ["done", "done"]
     assert links[1]["question"] == "Does group size matter once lr is chosen?"
-    assert NextStudy.asked == 1                        # the next question was asked once, before the kill
+    assert len(planner.prompts) == 1                        # the next question was asked once, before the kill
     assert trials(out / "study-0") == before           # the finished study did not run again
     for n in (0, 1):
         rows = trials(out / f"study-{n}")

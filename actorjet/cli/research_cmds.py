@@ -109,6 +109,8 @@ def cmd_run(args) -> int:
     check_budget(study, make_plan(study))
     if getattr(args, "follow_ups", 0) < 0:
         raise UserError("--follow-ups must be 0 or more")
+    if getattr(args, "follow_ups", 0) and not 0 <= args.min_effect < float("inf"):
+        raise UserError(f"--min-effect must be a finite number >= 0 (in the metric's units), got {args.min_effect}")
     if getattr(args, "follow_ups", 0):
         chain_dir = Path(args.dir or f"studies/{Path(args.study).stem}-chain")
         path = chain.run_chain(study, chain_dir, args.follow_ups, run_one, min_effect=args.min_effect,
