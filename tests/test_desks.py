@@ -180,3 +180,21 @@ def test_a_learner_starved_by_a_stalled_gateway_is_not_blamed():
     assert dog.check(now=12.0) == []                               # its quiet time started again at 8
     dog.progress("policy/gateway", 5, 1, "gateway-2", now=12.5)    # the new gateway serves
     assert [who for who, _, _ in dog.check(now=13.0)] == ["policy/learner"]   # stuck on its own now
+
+
+def test_an_engine_that_stops_reporting_is_stalled_with_or_without_work_waiting():
+    """A SIGKILLed engine whose exit its supervisor never heard of (seen once in the suite: it
+    stayed down for minutes) sends no more reports: silence for stall_s is a stall too."""
+    from actorjet.registry.watchdog import Watchdog
+
+    dog = Watchdog(stall_s=4.0)
+    for t in range(4):                                          # idle, reporting every second
+        dog.progress("policy/engine.1", 10, 0, "engine", now=float(t))
+        dog.progress("policy/learner", 3, 0, "learner", now=float(t))
+    assert dog.check(now=6.0) == []                             # 3 s of silence: not yet
+    dog.progress("policy/learner", 3, 0, "learner", now=7.5)
+    [(who, address, reason)] = dog.check(now=7.5)
+    assert (who, address, reason) == ("policy/engine.1", "engine", "stalled: no report for 4 s")
+    assert dog.check(now=20.0) == []                            # named once; the learner is never "silent"
+    dog.progress("policy/engine.1", 0, 0, "engine-2", now=21.0)
+    assert (dog.detected, dog.healed) == (1, 1)

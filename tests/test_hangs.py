@@ -1,10 +1,13 @@
 """Nothing hangs silently: a thread that dies takes its actor with it (and is restarted), and
 a weights file that is gone is a logged, recovered event, never a dead batcher."""
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from actorjet.models import zoo
@@ -127,11 +130,22 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
         assert data["restarts"].get(f"root/model.policy/{child}") == 1 and data["stalls_detected"] == healed
         after = pids()[f"root/model.policy/{child}"]
         assert after["pid"] != before[f"root/model.policy/{child}"]["pid"] and after["restarts"] == 1
+    # Hung for good (SIGSTOP: it cannot even run the watchdog's Crash, and sends no reports):
+    # its supervisor ends it by PID and restarts it.  (The same path restarts an engine that
+    # died without thespian's exit notice, seen once in the kill loop below.)
+    frozen = pid_of(port, "model.policy/engine")
+    os.kill(frozen, signal.SIGSTOP)
+    wait_until(lambda: status()["stalls_healed"] == 3 and pid_of(port, "model.policy/engine") not in (None, frozen),
+               60, what="the frozen engine replaced")
+    assert status()["restarts"].get("root/model.policy/engine") == 2
+    wait_until(lambda: not psutil.pid_exists(frozen) or psutil.Process(frozen).status() == psutil.STATUS_ZOMBIE,
+               10, what="the frozen engine's process ended")
     wait_until(lambda: status()["training_finished"], 240, interval_s=1, what="16 learner steps")
     assert status()["watchdog"] == "training finished at step 16"
     wait_until(lambda: status()["runners"][0]["state"] == "idle: training finished", 10, what="an idle runner")
     text = (run / "logs" / "head" / "actors.log").read_text()
     assert "watchdog: policy/engine stalled" in text and "watchdog: policy/gateway stalled" in text
+    assert "engine is still there 5 s after the watchdog crashed it" in text
 
 
 @pytest.mark.slow

@@ -53,6 +53,7 @@ class EpisodeDesk:
         self.recent: dict[str, deque] = {}                         # model → its last train lines
         self.accuracy: dict[str, dict[str, float]] = {}            # model → task → last held-out accuracy
         self.services: dict[str, dict] = {}
+        self.supervised: dict[tuple, tuple] = {}   # (model, kind) → (its supervisor, child id, pid)
         self.replicas: dict[str, dict] = {}      # model → its gateway's view of its engine replicas
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
@@ -108,6 +109,7 @@ class EpisodeDesk:
     # -- directory ----------------------------------------------------------------------
     def on_ServiceUp(self, msg: m.ServiceUp, sender) -> Out:
         self.services.setdefault(msg.model, {})[msg.kind] = {"url": msg.url, "address": msg.address}
+        self.supervised[(msg.model, msg.kind)] = (msg.supervisor, msg.child_id, msg.pid)
         if msg.kind == "learner":
             self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         return self._publish()
@@ -276,6 +278,10 @@ class EpisodeDesk:
         for who, address, reason in self.watchdog.check(now):
             log.error("watchdog: %s %s; restarting it", who, reason)
             out.append((address, m.Crash(f"watchdog: {reason}")))
+            model, _, kind = who.rpartition("/")
+            supervisor, child_id, pid = self.supervised.get((model, kind), (None, "", 0))
+            if supervisor is not None and self.services.get(model, {}).get(kind, {}).get("address") == address:
+                out.append((supervisor, m.RestartStalled(child_id, address, pid, reason)))
         return out
 
     def watchdog_line(self) -> str:

@@ -6,7 +6,9 @@ crashes.  Engines report their batch counter and how many requests wait; the lea
 progress is its step, and its work is the finished groups it has not trained.  Work waiting
 and no progress for ``stall_s`` → the child is named in status (``stalled``), logged, and
 crashed on purpose so its supervisor restarts it; when a new incarnation reports, the stall
-counts as healed.
+counts as healed.  An engine or gateway that stops reporting at all for ``stall_s`` is stalled
+too, work or not: it is hung, or dead without its supervisor having been told (the registry
+then also asks that supervisor to restart it: runtime/messages.py RestartStalled).
 
 A learner's batches come through its model's engine and gateway (rollouts, then the
 gateway's writes to the episode store), so while either of those is stalled the learner
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 UPSTREAM = {"learner": ("engine", "gateway")}     # kind → the kinds of the same model it waits on
+SELF_REPORTING = ("engine", "gateway")             # report every second (the learner's steps are reported for it)
 # (an engine replica reports as "engine.K": any stalled replica counts as its model's engine)
 
 
@@ -36,6 +39,7 @@ class _Seen:
     since: float            # when ``count`` last changed (or the work started waiting)
     waiting: int
     address: object
+    heard: float            # its last report
 
 
 class Watchdog:
@@ -51,8 +55,10 @@ class Watchdog:
             if who in self.stalled:                  # a new incarnation reports: healed
                 del self.stalled[who]
                 self.healed += 1
-            self.seen[who] = _Seen(count, now, waiting, address)
-        elif count != last.count or (waiting and not last.waiting):
+            self.seen[who] = _Seen(count, now, waiting, address, now)
+            return
+        last.heard = now
+        if count != last.count or (waiting and not last.waiting):
             last.count, last.since, last.waiting = count, now, waiting
         else:
             last.waiting = waiting
@@ -72,11 +78,13 @@ class Watchdog:
                 s.since = now                  # starved by a stalled engine or gateway: not its fault
                 continue
             quiet = now - s.since
-            if not (s.waiting and quiet > self.stall_s and who not in self.stalled):
+            silent = (now - s.heard) if kind.split(".")[0] in SELF_REPORTING else 0.0
+            if who in self.stalled or not ((s.waiting and quiet > self.stall_s) or silent > self.stall_s):
                 continue
             self.stalled[who] = now
             self.detected += 1
-            out.append((who, s.address, f"stalled: no progress for {quiet:.0f} s with {s.waiting} waiting"))
+            out.append((who, s.address, f"stalled: no report for {silent:.0f} s" if silent > self.stall_s
+                        else f"stalled: no progress for {quiet:.0f} s with {s.waiting} waiting"))
         return out
 
     def status(self, now: float) -> dict:

@@ -97,7 +97,8 @@ class ManagedActor(ActorTypeDispatcher):
         if self.registry is None:
             return
         for kind, url in services.items():
-            self.send(self.registry, m.ServiceUp(model, kind, url, self.myAddress))
+            self.send(self.registry, m.ServiceUp(model, kind, url, self.myAddress, self.supervisor, self.child_id,
+                                                 os.getpid()))
         if subscribe:
             self.send(self.registry, m.Subscribe("directory"))
 

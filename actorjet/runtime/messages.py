@@ -209,11 +209,28 @@ class RestartCounts:
 
 @dataclass
 class ServiceUp:
-    """An engine, gateway or learner announces itself to the registry."""
+    """An engine, gateway or learner announces itself to the registry (with who supervises
+    it, so the watchdog can have a stalled one restarted even if it no longer answers)."""
     model: str
     kind: str             # engine | gateway | learner
     url: str | None
     address: Any
+    supervisor: Any = None
+    child_id: str = ""
+    pid: int = 0
+
+
+@dataclass
+class RestartStalled:
+    """Registry's watchdog → the supervisor of a stalled child, alongside the Crash it sends
+    the child.  A child that is hung (cannot run the Crash) or dead without thespian's exit
+    notice (seen once: a SIGKILLed engine never restarted) would otherwise stay down: if the
+    same incarnation still holds the slot after a grace period, the supervisor ends it (its
+    PID, when it runs on the supervisor's own machine) and restarts it as a failure."""
+    child_id: str
+    address: Any
+    pid: int = 0
+    reason: str = ""
 
 
 @dataclass

@@ -20,6 +20,10 @@ Placement:      a child with ``placement = { node = "gpu1" }`` and/or ``{ gpus =
                 counting as a restart, until such a node joins.  Its own children start
                 where it runs.  A model subtree placed on a GPU node serves, records and
                 trains there.
+Stalled children: the registry's watchdog crashes a child that is alive but stuck, and tells
+its supervisor (RestartStalled); one that has not exited STALLED_GRACE_S later is hung or dead
+without thespian's exit notice, and is ended (SIGKILL of its PID on this machine) and
+restarted like any failed child.
 Children on *other nodes* are not reported dead by thespian when their node dies; the
 supervisor of a placed child subscribes to the registry's NodeUp / NodeLost events and
 treats the loss of its node as the child's failure (restarted on another match, or waiting).
@@ -35,6 +39,8 @@ go back at once).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections import deque
 from datetime import timedelta
@@ -48,6 +54,19 @@ from actorjet.runtime.child import ManagedActor
 from actorjet.runtime.tree_spec import ChildSpec
 
 log = logging.getLogger("actorjet")
+STALLED_GRACE_S = 5.0       # a stalled child the watchdog crashed has this long to exit by itself
+
+
+def kill_own_child(pid: int) -> None:
+    """SIGKILL a child process of this one (a hung actor thespian forked from here), and only
+    that: a PID whose parent is not this process is someone else's."""
+    import psutil
+
+    try:
+        if psutil.Process(pid).ppid() == os.getpid():
+            os.kill(pid, signal.SIGKILL)
+    except (psutil.Error, ProcessLookupError, PermissionError):
+        pass
 
 
 class Supervisor(ManagedActor):
@@ -249,6 +268,26 @@ class Supervisor(ManagedActor):
         if child_id is None or self.escalated:
             return
         del self.addresses[child_id]
+        self._failed(child_id)
+
+    def receiveMsg_RestartStalled(self, msg: m.RestartStalled, sender):
+        """The watchdog crashed a stalled child; if that incarnation still holds its slot after
+        STALLED_GRACE_S, it could not crash (hung) or its exit was never noticed (dead)."""
+        if self.addresses.get(msg.child_id) == msg.address and not self.escalated:
+            self.wakeupAfter(timedelta(seconds=STALLED_GRACE_S), payload=("stalled", msg))
+
+    def _end_stalled(self, msg: m.RestartStalled) -> None:
+        if self.addresses.get(msg.child_id) != msg.address or self.escalated:
+            return                        # it crashed as asked, and was restarted: nothing to do
+        log.warning("%s/%s is still there %g s after the watchdog crashed it (%s): hung, or dead "
+                    "unnoticed; ending it and restarting it", self.path, msg.child_id, STALLED_GRACE_S, msg.reason)
+        self._stop(msg.child_id)
+        if msg.pid and msg.child_id not in self.placed_on:
+            kill_own_child(msg.pid)
+        self._failed(msg.child_id)
+
+    def _failed(self, child_id: str) -> None:
+        """A child is gone (its exit noticed, or ended as stalled): restart per the strategy."""
         if self.dynamic and self.registry is not None:
             self.send(self.registry, m.RunnerDown(child_id))      # its leases go back now
         child = next(c for c in self.spec.children if c.id == child_id)
@@ -291,6 +330,8 @@ class Supervisor(ManagedActor):
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
         if isinstance(msg.payload, tuple) and msg.payload[0] == "restart" and not self.escalated:
             self._restart(msg.payload[1])
+        elif isinstance(msg.payload, tuple) and msg.payload[0] == "stalled":
+            self._end_stalled(msg.payload[1])
 
     def _escalate(self, reason: str) -> None:
         log.error("%s escalates: %s", self.path, reason)
