@@ -228,3 +228,26 @@ def test_a_full_disk_pauses_training_which_resumes_when_space_is_freed(swarm, sm
     for folder in checkpoints.glob("step_*"):
         state = json.loads((folder / "state.json").read_text())
         assert state["step"] == int(folder.name[5:]) and (folder / "optimizer.pt").stat().st_size > 0
+
+
+def test_untrainable_groups_wait_for_room_to_be_quarantined_each_once_in_order(tiny_disk):
+    """The learner quarantines a batch its loss refused; on a full disk that write crashed it
+    (a restart and a rewind).  Now the groups wait in the learner's QuarantineQueue, which
+    says why, and go in when there is room."""
+    from actorjet.store.quarantine_queue import QuarantineQueue
+    from test_store import finish
+
+    store = EpisodeStore(tiny_disk / "episodes.sqlite")
+    for i in range(3):
+        finish(store, f"g{i}", [0.0, 1.0])
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")      # no journal room left over to write into
+    queue = QuarantineQueue(store)
+    fill(tiny_disk)
+    queue.add(["g0", "g1"], "learner: BadBatch: NaN in the loss")
+    assert queue.flush() == [] and len(queue.waiting) == 2
+    assert queue.cause.startswith("2 untrainable groups wait to be quarantined") and "full" in queue.cause.lower()
+    (tiny_disk / "ballast").unlink()
+    assert queue.flush() == [("g0", "learner: BadBatch: NaN in the loss"), ("g1", "learner: BadBatch: NaN in the loss")]
+    assert queue.cause == "" and queue.flush() == []
+    assert sorted(q["group_id"] for q in store.quarantined()) == ["g0", "g1"]
+    assert store.counts()["quarantined"] == 2 and store.counts()["pending"] == 1

@@ -25,16 +25,16 @@ from pathlib import Path
 import torch
 
 from actorjet.config import engine_of
-from actorjet.serving.engine_client import replica_services
+from actorjet.serving.engine_client import replica_addresses
 from actorjet.models import checkpoint_retention, checkpoint_write, repairs, trainable
 from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.models.evaluations import Evaluations
 from actorjet.models.heldout import eval_spec
 from actorjet.store import episode_store
+from actorjet.store.quarantine_queue import QuarantineQueue
 from actorjet.serving import threads, weights
-from actorjet.rl import lora, ranks
+from actorjet.rl import algorithms, critic, lora, ranks
 from actorjet.rl.batching import batch_config, next_batch
-from actorjet.rl import algorithms, critic
 from actorjet.rl.grpo import BadBatch, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
 from actorjet import disk
@@ -70,15 +70,14 @@ class Learner(ManagedActor):
         self.algo = algorithms.from_config(self.cfg)      # GRPO, PPO, …, and its knobs (rl/algorithms.py)
         self.critic = critic.build(self.model, self.cfg, self.algo)     # PPO's value function, else None
         self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval() if self.cfg["kl"] > 0 else None
-        self.step = self.version = 0
-        self.published_bytes = 0
+        self.step = self.version = self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engines: dict[str, tuple] = {}      # replica → (engine address, weights receiver URL or None)
         self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
         self.finishing: dict | None = None     # a step (or a resumed version) whose writes wait for space
-        self.disk_causes = {"step": "", "prefetch": "", "rewind": ""}   # why it cannot write (actorjet/disk.py)
+        self.disk_causes = {"step": "", "prefetch": "", "rewind": "", "quarantine": ""}   # why it cannot write (actorjet/disk.py)
         self.disk_reported = ""
         # ``full_*``: the whole model, which evaluations and checkpoints read.  With one rank it
         # is the model trained; with ranks (``learner = { ranks = N }``) the trained one is
@@ -115,7 +114,9 @@ class Learner(ManagedActor):
         so on a full disk they wait (nothing is pulled meanwhile) instead of crash-looping."""
         path = episode_store.path_for(self.run_dir, self.model_name)
         try:
-            self.store = episode_store.EpisodeStore(path) if self.store is None else self.store
+            if self.store is None:
+                self.store = episode_store.EpisodeStore(path)
+                self.to_quarantine = QuarantineQueue(self.store)
             pending = self.store.rewind(self.step)
         except Exception as e:
             if not disk.is_full(e):
@@ -133,14 +134,11 @@ class Learner(ManagedActor):
 
     def _publish(self) -> Path:
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
-        path = self.weights_dir / f"v{self.version:06d}.safetensors"
         if self.group is not None:       # the ranks gather the new weights into rank 0's whole copy
             self.commands.post("weights")
             self.full_model.load_state_dict(ranks.full_state(self.model, trainable_only=True), strict=False)
         tensors = lora.adapter_tensors(self.full_model) if self.peft is not None else self.full_model.state_dict()
-        self.published_bytes = weights.publish(tensors, path, {"version": f"{self.version:012d}"},
-                                               recycle=self.weights_dir / f"v{self.version - 3:06d}.safetensors")
-        (self.weights_dir / f"v{self.version - 3:06d}.safetensors").unlink(missing_ok=True)   # not recycled
+        path, self.published_bytes = weights.publish_version(self.weights_dir, self.version, tensors)
         return path
 
     def _deliver(self, path: Path, replicas: list[str] | None = None) -> float | None:
@@ -160,9 +158,7 @@ class Learner(ManagedActor):
         again; the resumed weights are published under a new version, newer than anything
         the engine may still serve."""
         checkpoints = sorted((self.run_dir / "checkpoints" / self.model_name).glob("step_*/state.json"))
-        for partial in self.weights_dir.glob(f"*{weights.PARTIAL}"):     # a publish it was killed in
-            partial.unlink(missing_ok=True)
-        published = [int(p.stem[1:]) for p in self.weights_dir.glob("v*.safetensors")]
+        published = weights.published_versions(self.weights_dir)
         self.resumed = bool(checkpoints or published)
         if checkpoints:
             folder = checkpoints[-1].parent
@@ -180,10 +176,7 @@ class Learner(ManagedActor):
     def receiveMsg_Directory(self, msg: m.Directory, sender):
         self.batching.weights = {t: v["weight"] for t, v in msg.tasks.items() if v.get("state") == "active"}
         self.directory.set()
-        before, self.engines = self.engines, {
-            name: (engine["address"], receiver["url"] if receiver else None)
-            for name, (engine, receiver) in replica_services(msg.services.get(self.engine_of, {})).items()
-            if engine.get("address") is not None}
+        before, self.engines = self.engines, replica_addresses(msg.services.get(self.engine_of, {}))
         new = [name for name, (address, _) in self.engines.items() if before.get(name, (None,))[0] != address]
         if new and self.version > 0:
             # a new (or restarted) replica: make sure it serves what this learner holds
@@ -244,10 +237,12 @@ class Learner(ManagedActor):
         if self.leader is not None and self.group is None and not self._join_ranks():
             self.wakeupAfter(timedelta(seconds=POLL_S))
             return
-        if self.finishing is not None:             # paused on a full disk: try again, pull nothing
-            self._finish_step()
+        if self.finishing is not None or self.to_quarantine.waiting:   # paused on a full disk: try again, pull nothing
+            self._quarantine_waiting()
+            if self.finishing is not None:
+                self._finish_step()
             self._report_disk()
-            self.wakeupAfter(timedelta(seconds=POLL_S if self.finishing is None else disk.RETRY_S))
+            self.wakeupAfter(timedelta(seconds=disk.RETRY_S if self.finishing or self.to_quarantine.waiting else POLL_S))
             return
         self._report_disk()
         try:
@@ -266,12 +261,17 @@ class Learner(ManagedActor):
     def _untrainable(self, group_ids: list[str], cause: str) -> None:
         """A batch the loss refused: its groups are quarantined with the cause, training goes on."""
         log.error("%s: a batch cannot be trained (%s); its groups are quarantined", self.model_name, cause)
-        for group_id in group_ids:
-            self.store.quarantine(group_id, cause)
-            self._quarantined(group_id, cause)
+        self.to_quarantine.add(group_ids, cause)
+        self._quarantine_waiting()
         with self.pulled_lock:
             self.pulled -= 1        # the prefetcher may take one more batch in its place
         self._send_counts()
+
+    def _quarantine_waiting(self) -> None:
+        """Quarantine the groups that wait (store/quarantine_queue.py: a full disk may keep some)."""
+        for group_id, cause in self.to_quarantine.flush():
+            self._quarantined(group_id, cause)
+        self.disk_causes["quarantine"] = self.to_quarantine.cause
 
     def _quarantined(self, group_id: str, cause: str) -> None:
         log.error("%s: group %s quarantined: %s", self.model_name, group_id, cause)
@@ -397,3 +397,4 @@ class Learner(ManagedActor):
 
     def info(self) -> dict:
         return {"path": self.path, "step": getattr(self, "step", None), "version": getattr(self, "version", None)}
+

@@ -43,6 +43,13 @@ def replica_services(service: dict) -> dict[str, tuple[dict, dict | None]]:
     return {k: (service[k], service.get("weights" + k[6:])) for k in kinds}
 
 
+def replica_addresses(service: dict) -> dict[str, tuple]:
+    """{replica kind: (its engine actor's address, its weights receiver URL or None)}, for the
+    replicas that announced an address (what a learner delivers weight versions to)."""
+    return {name: (engine["address"], receiver["url"] if receiver else None)
+            for name, (engine, receiver) in replica_services(service).items() if engine.get("address") is not None}
+
+
 def wire_request(req: GenRequest) -> dict:
     """A request as JSON, its prompt as base64 of int32 (a 32k-token prompt as a JSON list of
     numbers took ~2 ms to write and more to read, on every call of a long episode)."""

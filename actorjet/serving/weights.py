@@ -77,6 +77,24 @@ def _pread(fd: int, into: memoryview, offset: int) -> None:
         done += n
 
 
+def published_versions(folder: Path) -> list[int]:
+    """The versions a learner published in ``folder``; a partial file (a publish its learner was
+    killed in) is removed."""
+    for partial in folder.glob(f"*{PARTIAL}"):
+        partial.unlink(missing_ok=True)
+    return [int(p.stem[1:]) for p in folder.glob("v*.safetensors")]
+
+
+def publish_version(folder: Path, version: int, tensors: dict[str, torch.Tensor], keep: int = 3) -> tuple[Path, int]:
+    """A learner's weight version ``folder/vNNNNNN.safetensors``; the version ``keep`` older is
+    overwritten in place when it has the same size (else removed): engines and a rewinding
+    learner never need more.  Returns the file and its bytes."""
+    path, old = folder / f"v{version:06d}.safetensors", folder / f"v{version - keep:06d}.safetensors"
+    size = publish(tensors, path, {"version": f"{version:012d}"}, recycle=old)
+    old.unlink(missing_ok=True)                  # not recycled
+    return path, size
+
+
 def publish(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None,
             recycle: str | Path | None = None) -> int:
     """Write ``tensors`` to ``path`` (safetensors) with one copy each; returns the file's bytes.
