@@ -12,6 +12,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 nvidia-smi -L; nproc
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
 out=${OUT:-/tmp/out}; mkdir -p "$out"
+# GPU claims (actorjet/runtime/gpus.py): two processes asking for "cuda" get cuda:0 and cuda:1 on a
+# 2+-GPU machine, and share cuda:0 on a 1-GPU one
+for i in 1 2; do python3 -c "from actorjet.runtime import gpus; import time; print('claims', gpus.device_for({'device': 'cuda'})); time.sleep(5)" & sleep 2; done; wait
 timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_engines.py tests/test_gateway.py \
   tests/test_learner.py tests/test_hangs.py tests/test_poison.py tests/test_lora.py 2>&1 | tee "$out/tests.log" | tail -6
 timeout 300 python3 bench/scale.py --model smollm2-135m --device cuda --repeats 2 --episodes 16 2>&1 \

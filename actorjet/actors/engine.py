@@ -126,7 +126,7 @@ class Engine(ManagedActor):
     def on_init(self) -> None:
         job = self.context["job"]
         self.model = self.args["model"]
-        cfg = model_config_here(job, self.model)
+        cfg = model_config_here(job, self.model, claim_gpu=True)
         self.engine = make_engine(cfg, job["train"]["seed"], sharing(job, self.model))
         if cfg["engine"] == "transformers":
             from actorjet.serving import threads

@@ -57,7 +57,7 @@ class Learner(ManagedActor):
 
         job = self.context["job"]
         self.model_name = self.args["model"]
-        self.cfg = model_config_here(job, self.model_name)
+        self.cfg = model_config_here(job, self.model_name, claim_gpu=True)
         self.train_cfg = job["train"]
         self.run_dir = endpoints.local_run_dir(self.context)      # this node's: weights, checkpoints
         torch.manual_seed(self.train_cfg["seed"])

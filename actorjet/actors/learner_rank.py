@@ -46,7 +46,7 @@ class LearnerRank(ManagedActor):
 
         job = self.context["job"]
         self.model_name, self.rank, self.world = self.args["model"], int(self.args["rank"]), int(self.args["world"])
-        self.cfg = model_config_here(job, self.model_name)
+        self.cfg = model_config_here(job, self.model_name, claim_gpu=True)
         torch.manual_seed(job["train"]["seed"])
         tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

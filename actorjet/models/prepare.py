@@ -76,13 +76,19 @@ def build_model(source: str, seed: int, progress=None) -> str:
     return path
 
 
-def model_config_here(job: dict, name: str) -> dict:
+def model_config_here(job: dict, name: str, claim_gpu: bool = False) -> dict:
     """The model's config with ``path`` valid on *this* node.  The head resolved the path on
     its own disk; a model subtree placed on another node builds (zoo models) or finds (a local
-    directory given as the source) its own copy, one process at a time."""
+    directory given as the source) its own copy, one process at a time.  ``claim_gpu``: this
+    process runs the model (an engine, a learner or rank): a bare ``device = "cuda"`` becomes
+    the GPU of this machine it claims (runtime/gpus.py)."""
     import fcntl
 
     cfg = dict(model_config(job, name))
+    if claim_gpu:
+        from actorjet.runtime import gpus
+
+        cfg["device"] = gpus.device_for(cfg)
     if Path(cfg.get("path", "")).is_dir():
         return cfg
     if Path(cfg["source"]).is_dir():

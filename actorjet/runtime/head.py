@@ -24,19 +24,9 @@ from actorjet.runtime import messages as m
 from actorjet.runtime import system
 from actorjet.runtime.tree_spec import ChildSpec
 from actorjet.runtime.supervisor import Supervisor
+from actorjet.runtime.gpus import gpu_count
 
 ROOT_NAME = "actorjet-root"
-
-
-def gpu_count() -> int:
-    """GPUs here, counted through NVML.  Not ``torch.cuda.is_available()``: that asks the CUDA
-    runtime, and a process that has initialised CUDA cannot fork children that use it —
-    thespian forks every actor from this process's admin."""
-    try:
-        import torch
-        return max(torch.cuda.device_count(), 0)
-    except Exception:  # noqa: BLE001 - no torch or no driver: no GPUs
-        return 0
 
 
 def refuse_cuda_before_fork(job: dict) -> None:

@@ -19,7 +19,7 @@ from actorjet.runtime import frames
 from actorjet.runtime import kinds
 from actorjet.runtime import messages as m
 from actorjet.runtime import system
-from actorjet.runtime.head import gpu_count
+from actorjet.runtime.gpus import gpu_count
 from actorjet.runtime.node import NODE_AGENT_NAME, NodeAgent
 
 

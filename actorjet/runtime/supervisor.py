@@ -192,9 +192,14 @@ class Supervisor(ManagedActor):
             self.send(self.registry, m.Subscribe("nodes"))
 
     def _pick_node(self, child: ChildSpec) -> str | None:
+        """A live node that matches: its name, its CPUs, and GPUs its other placed children of
+        this supervisor do not take already (``gpus = 1`` each: eight ranks fill an 8-GPU node,
+        a ninth waits; runtime/gpus.py then gives each process its own GPU there)."""
         want = child.placement
+        taken = lambda nid: sum(c.placement.get("gpus", 0) for c in self.spec.children  # noqa: E731
+                                if c.id != child.id and c.id in self.addresses and self.placed_on.get(c.id) == nid)
         fits = [nid for nid, n in self.nodes.items()
-                if want.get("node", n["name"]) == n["name"] and n["gpus"] >= want.get("gpus", 0)
+                if want.get("node", n["name"]) == n["name"] and n["gpus"] - taken(nid) >= want.get("gpus", 0)
                 and n["cpus"] >= want.get("cpus", 0)]
         load = lambda nid: sum(1 for c, n in self.placed_on.items() if n == nid and c in self.addresses)  # noqa: E731
         return min(fits, key=lambda nid: (load(nid), nid), default=None)
