@@ -1,6 +1,6 @@
 """The control plane under many agents: simulated runners against one head (issue 33).
 
-    python bench/control_plane.py [--runners 10,100,300,1000] [--seconds 20] [--processes 2]
+    python bench/control_plane.py [--runners 10,100,300,1000] [--seconds 20] [--processes 2] [--kind outbound|thespian|both]
 
 A real head (registry, door, a tiny-arith model's gateway, engine and learner) and simulated
 runners that speak the outbound protocol (docs/multi-host.md) with zero-work behaviors: each
@@ -9,6 +9,11 @@ runner/results.py does), and reports the lease done to the door, then asks again
 runners share a process (asyncio, one HTTP connection pool per process), so 1,000 runners
 are ``--processes`` processes, not 1,000.  No LLM call is made: what is measured is the swarm's
 bookkeeping (leases, the episode store's rewards, results, groups judged complete), not the data plane.
+
+``--kind thespian`` runs real runner actors instead (runner/core.py, the code every joined
+node runs), with agents/zero_work.py as their behavior: N "runners" are the head's 2 runner
+slots with N/2 episodes in flight each (runner_concurrency), one head per count.  Their
+lease latency is not seen from outside, so that row has episodes/s and CPU only.
 
 Per runner count: leases granted per second, episodes finished per second (their rewards
 stored and their lease reported), lease latency (p50 / p99, from the runner's side), and the
@@ -100,11 +105,64 @@ def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: 
             "busiest_actor_cores": max(used.values()) / wall if used else None}
 
 
+def measure_thespian(runners: int, seconds: float, tmp: Path) -> dict:
+    """Real runner actors with a zero-work behavior: episodes finished per second, from the
+    registry's own counter, and CPU per 1,000 episodes of every actor."""
+    import psutil
+
+    from actorjet.config import normalize, tree_path
+    from actorjet.models.prepare import prepare
+    from actorjet.runtime.head import Head
+    from actorjet.runtime.system import free_port
+    from actorjet.runtime.tree_spec import load_tree
+
+    spec = json.loads(json.dumps(JOB))
+    spec["tasks"][0]["behavior"] = "agents.zero_work:behavior"
+    spec["train"]["runner_concurrency"] = max(1, runners // 2)
+    job = prepare(normalize(spec, "bench"))
+    head = Head(tmp / f"run-thespian-{runners}", load_tree(tree_path("default.toml")), job, port=free_port(), slots=2)
+    head.start()
+    try:
+        completed = lambda: head.status()["episodes"]["completed"]  # noqa: E731
+        deadline = time.time() + 120
+        while completed() < 100:                        # warm-up: runners up, behaviors loaded
+            if time.time() > deadline:
+                raise SystemExit("thespian runners finished no episode in 120 s")
+            time.sleep(0.5)
+        actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
+
+        def cpu() -> dict:
+            out = {}
+            for path, pid in actors.items():
+                try:
+                    out[path] = sum(psutil.Process(pid).cpu_times()[:2])
+                except psutil.Error:
+                    pass
+            return out
+        cpu0, done0, t0 = cpu(), completed(), time.perf_counter()
+        time.sleep(seconds)
+        episodes, wall = completed() - done0, time.perf_counter() - t0
+        used = {path: t - cpu0[path] for path, t in cpu().items() if path in cpu0}
+    finally:
+        head.stop()
+    runner_cpu = sum(t for path, t in used.items() if path.startswith("runners/"))
+    return {"kind": "thespian", "runners": runners, "seconds": seconds, "wall_s": wall, "episodes_per_s": episodes / wall,
+            "leases_per_s": episodes / wall / GROUP_SIZE, "lease_p50_ms": None, "lease_p99_ms": None,
+            "registry_cpu_s_per_1k_episodes": used.get("registry", 0) / episodes * 1000 if episodes else None,
+            "runner_actors_cpu_s_per_1k_episodes": runner_cpu / episodes * 1000 if episodes else None,
+            "cpu_s_per_1k_episodes": {path: round(t / episodes * 1000, 4) for path, t in sorted(used.items())
+                                      if episodes and t > 0.01},
+            "busiest_actor": max(used, key=used.get) if used else None,
+            "busiest_actor_cores": max(used.values()) / wall if used else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runners", default="10,100,300,1000", help="runner counts to sweep (default %(default)s)")
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds per runner count (default %(default)s)")
     ap.add_argument("--processes", type=int, default=2, help="client processes the runners share (default %(default)s)")
+    ap.add_argument("--kind", choices=("outbound", "thespian", "both"), default="outbound",
+                    help="simulated outbound runners, real thespian runner actors, or both (default %(default)s)")
     args = ap.parse_args()
     try:
         counts = [int(x) for x in args.runners.split(",")]
@@ -120,32 +178,39 @@ def main() -> int:
     from actorjet.runtime.tree_spec import load_tree
 
     rows, results = [], []
+
+    def row(r: dict) -> None:
+        results.append(r)
+        latency = f"{r['lease_p50_ms']:.1f} / {r['lease_p99_ms']:.1f}" if r["lease_p50_ms"] is not None else "-"
+        rows.append((r.get("kind", "outbound"), r["runners"], f"{r['leases_per_s']:.0f}", f"{r['episodes_per_s']:.0f}",
+                     latency, f"{r['registry_cpu_s_per_1k_episodes']:.3f}" if r["registry_cpu_s_per_1k_episodes"] else "-"))
+        print(json.dumps(r), flush=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        job = prepare(normalize(JOB, "bench"))
-        door_port = free_port()
-        head = Head(tmp / "run", load_tree(tree_path("default.toml")), job, port=free_port(), door_port=door_port)
-        head.start()
-        try:
-            door = f"http://127.0.0.1:{door_port}"
-            deadline = time.time() + 120
-            while "gateway" not in head.status().get("services", {}).get("policy", {}):
-                if time.time() > deadline:
-                    raise SystemExit("the gateway did not come up")
-                time.sleep(0.2)
-            measure(head, door, 4, 3.0, 1, tmp)             # warm-up: connections, first leases
-            for n in counts:
-                r = measure(head, door, n, args.seconds, args.processes, tmp)
-                results.append(r)
-                rows.append((n, f"{r['leases_per_s']:.0f}", f"{r['episodes_per_s']:.0f}",
-                             f"{r['lease_p50_ms']:.1f} / {r['lease_p99_ms']:.1f}",
-                             f"{r['registry_cpu_s_per_1k_episodes']:.3f}" if r["registry_cpu_s_per_1k_episodes"] else "-"))
-                print(json.dumps(r), flush=True)
-        finally:
-            head.stop()
-    table(rows, ("runners", "leases/s", "episodes/s", "lease p50 / p99 ms", "registry CPU s / 1k episodes"))
-    write("control_plane", {"cores": os.cpu_count(), "group_size": GROUP_SIZE, "processes": args.processes,
-                            "results": results})
+        for n in counts if args.kind in ("thespian", "both") else []:
+            row(measure_thespian(n, args.seconds, tmp))
+        if args.kind == "thespian":
+            counts = []           # (no outbound head)
+        if counts:
+            job = prepare(normalize(JOB, "bench"))
+            door_port = free_port()
+            head = Head(tmp / "run", load_tree(tree_path("default.toml")), job, port=free_port(), door_port=door_port)
+            head.start()
+            try:
+                door = f"http://127.0.0.1:{door_port}"
+                deadline = time.time() + 120
+                while "gateway" not in head.status().get("services", {}).get("policy", {}):
+                    if time.time() > deadline:
+                        raise SystemExit("the gateway did not come up")
+                    time.sleep(0.2)
+                measure(head, door, 4, 3.0, 1, tmp)             # warm-up: connections, first leases
+                for n in counts:
+                    row({"kind": "outbound", **measure(head, door, n, args.seconds, args.processes, tmp)})
+            finally:
+                head.stop()
+    table(rows, ("runners", "count", "leases/s", "episodes/s", "lease p50 / p99 ms", "registry CPU s / 1k episodes"))
+    write("control_plane" if args.kind == "outbound" else f"control_plane-{args.kind}",
+          {"cores": os.cpu_count(), "group_size": GROUP_SIZE, "processes": args.processes, "results": results})
     return 0
 
 

@@ -172,3 +172,13 @@ def test_process_isolation_restarts_a_task_worker_not_the_runner(monkeypatch):
     restarted = core.isolation.restart_over(0.0)                           # every worker is over 0 MB
     assert [name for name, _ in restarted] == ["t"] and restarted[0][1] > 0
     core.close()
+
+
+def test_a_runner_whose_concurrency_is_below_the_group_size_still_takes_a_group_when_idle():
+    """runner_concurrency = 5 with group_size = 8 left every runner asking for 0 groups, for
+    ever ("starting" in status; found by bench/control_plane.py --kind thespian)."""
+    from actorjet.runner.core import groups_to_take
+
+    assert groups_to_take(5, 0, 8) == 1            # idle: one group, its last 3 episodes wait for a thread
+    assert groups_to_take(5, 3, 8) == 0            # busy: no more until it is done
+    assert groups_to_take(64, 0, 8) == 8 and groups_to_take(64, 60, 8) == 0 and groups_to_take(64, 8, 8) == 7

@@ -23,7 +23,7 @@ import psutil
 from thespian.actors import WakeupMessage
 
 from actorjet.rl.rewards import failed
-from actorjet.runner.core import Processes, RunnerCore, Threads
+from actorjet.runner.core import Processes, RunnerCore, Threads, groups_to_take
 from actorjet.runner.episode import load_behavior, run_episode
 from actorjet.runner.results import store_results
 from actorjet.runtime import messages as m
@@ -73,7 +73,7 @@ class AgentRunner(ManagedActor):
         self._ask_for_work()
 
     def _free(self) -> int:
-        return (self.concurrency - self.core.busy()) // max(1, self.group_size)
+        return groups_to_take(self.concurrency, self.core.busy(), self.group_size)
 
     def _ask_for_work(self) -> None:
         if self.registry is None or self.waiting_for_leases or time.monotonic() < self.retry_at:

@@ -21,6 +21,14 @@ from actorjet.runner.worker import TaskWorker
 KEEP_VERSIONS = 8      # per behavior: leases in flight may still need older ones
 
 
+def groups_to_take(capacity: int, busy: int, group_size: int) -> int:
+    """Whole groups a runner asks for: what fits its free episode slots, and one when it is
+    idle even if a group is larger than its capacity (the episodes past it wait for a thread).
+    A job with runner_concurrency < group_size used to leave every runner idle for good,
+    shown as "starting" in status."""
+    return max(1 if busy == 0 else 0, (capacity - busy) // max(1, group_size))
+
+
 class Threads:
     """isolation = "thread": every task's episodes share one thread pool (agent code mostly
     waits on HTTP)."""

@@ -28,7 +28,7 @@ from typing import Callable
 from actorjet.errors import UserError
 from actorjet.runtime import http_json
 from actorjet.signing import SECRET_ENV
-from actorjet.runner.core import RunnerCore, Threads
+from actorjet.runner.core import RunnerCore, Threads, groups_to_take
 from actorjet.runner.results import store_results
 
 POLL_S = 0.05
@@ -104,7 +104,7 @@ class OutboundNode:
         self._give_up_expired()
         self._report_finished()
         busy = self.core.busy() + len(self.core.still_hung())
-        free_groups = (self.capacity - busy) // max(1, self.group_size)
+        free_groups = groups_to_take(self.capacity, busy, self.group_size)
         if free_groups > 0 and time.monotonic() >= self.retry_at:
             self._lease(free_groups)
 
