@@ -93,7 +93,7 @@ TRAIN = {
     "max_staleness": Field(1, "weight versions a sampled token may lag the learner (off-policy limit)",
                            {"int_uniform": [0, 4]}),
     "seed": Field(0, "the job's seed (tasks, sampling, initial order)"),
-    "runner_concurrency": Field(32, "episodes one runner runs at once"),
+    "runner_concurrency": Field(32, "episodes one runner runs at once (whole groups; one group at a time if a group is larger)"),
     "lease_timeout_s": Field(120.0, "an episode with no LLM call for this long is expired (idle limit)"),
     "episode_max_s": Field(3600.0, "an episode running longer than this is expired, however busy"),
     "keep_trajectories": Field(False, "append trained calls to RUN_DIR/trajectories/MODEL.jsonl before retention"),
