@@ -65,19 +65,22 @@ def _client(door: str, token: str, runners: int, offset: int, seconds: float, re
     Path(result_file).write_text(json.dumps(asyncio.run(main())))
 
 
-def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: Path) -> dict:
+def actor_cpu(actors: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) so far of each actor's process {path: pid}; gone ones left out."""
     import psutil
 
-    actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
+    out = {}
+    for path, pid in actors.items():
+        try:
+            out[path] = sum(psutil.Process(pid).cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return out
 
-    def cpu() -> dict:
-        out = {}
-        for path, pid in actors.items():
-            try:
-                out[path] = sum(psutil.Process(pid).cpu_times()[:2])
-            except psutil.Error:
-                pass
-        return out
+
+def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: Path) -> dict:
+    actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
+    cpu = lambda: actor_cpu(actors)  # noqa: E731
     cpu0 = cpu()
     per = [runners // processes + (1 if k < runners % processes else 0) for k in range(processes)]
     files = [tmp / f"cp-{runners}-{k}.json" for k in range(processes)]
@@ -108,8 +111,6 @@ def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: 
 def measure_thespian(runners: int, seconds: float, tmp: Path) -> dict:
     """Real runner actors with a zero-work behavior: episodes finished per second, from the
     registry's own counter, and CPU per 1,000 episodes of every actor."""
-    import psutil
-
     from actorjet.config import normalize, tree_path
     from actorjet.models.prepare import prepare
     from actorjet.runtime.head import Head
@@ -130,15 +131,7 @@ def measure_thespian(runners: int, seconds: float, tmp: Path) -> dict:
                 raise SystemExit("thespian runners finished no episode in 120 s")
             time.sleep(0.5)
         actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
-
-        def cpu() -> dict:
-            out = {}
-            for path, pid in actors.items():
-                try:
-                    out[path] = sum(psutil.Process(pid).cpu_times()[:2])
-                except psutil.Error:
-                    pass
-            return out
+        cpu = lambda: actor_cpu(actors)  # noqa: E731
         cpu0, done0, t0 = cpu(), completed(), time.perf_counter()
         time.sleep(seconds)
         episodes, wall = completed() - done0, time.perf_counter() - t0

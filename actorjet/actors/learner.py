@@ -397,4 +397,3 @@ class Learner(ManagedActor):
 
     def info(self) -> dict:
         return {"path": self.path, "step": getattr(self, "step", None), "version": getattr(self, "version", None)}
-

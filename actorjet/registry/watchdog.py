@@ -78,7 +78,7 @@ class Watchdog:
                 s.since = now                  # starved by a stalled engine or gateway: not its fault
                 continue
             quiet = now - s.since
-            silent = (now - s.heard) if kind.split(".")[0] in SELF_REPORTING else 0.0
+            silent = (now - s.heard) if _kind_of(who, model) in SELF_REPORTING else 0.0
             if who in self.stalled or not ((s.waiting and quiet > self.stall_s) or silent > self.stall_s):
                 continue
             self.stalled[who] = now
