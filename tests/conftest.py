@@ -1,7 +1,4 @@
-import fcntl
-import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,35 +18,6 @@ def swarm(tmp_path):
         yield s
     finally:
         s.cleanup()
-
-
-@pytest.fixture(autouse=True)
-def alone_when_marked(request, tmp_path_factory):
-    """The suite runs on two xdist workers (setup.cfg): most tests leave a core idle while they
-    wait on their swarm, so two at a time take ~2/3 of the time, and every learning margin was
-    measured beside a busy process.  A test that *measures* the machine (``@pytest.mark.alone``:
-    the soak's step rates and disk high-water marks) runs with nothing beside it: it takes
-    the lock exclusively, every other test shares it, and a waiting exclusive taker holds
-    new shared ones back (``alone.want.*``) so it is not starved."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
-        yield
-        return
-    root = tmp_path_factory.getbasetemp().parent          # shared by this session's workers
-    with open(root / "alone.lock", "a+") as lock:
-        if request.node.get_closest_marker("alone"):
-            want = root / f"alone.want.{worker}"
-            want.touch()
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            want.unlink()
-        else:
-            while list(root.glob("alone.want.*")):
-                time.sleep(0.2)
-            fcntl.flock(lock, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(autouse=True)

@@ -41,6 +41,7 @@ class Sample:
     disk_bytes: int              # the run directory, all of it
     history_bytes: int           # of which its append-only history: metrics.jsonl, groups.jsonl
     rss: dict[int, tuple[str, int]]      # pid → (role, bytes)
+    cpu: dict[int, float] = field(default_factory=dict)     # pid → CPU seconds (user + system) so far
 
 
 @dataclass
@@ -96,15 +97,17 @@ class Soak:
         roles = {}
         with contextlib.suppress(Exception):
             roles = {a["pid"]: a["path"].removeprefix("root/") for a in self.status()["actors"]}
-        rss = {}
+        rss, cpu = {}, {}
         for host in (self.head_host, self.a, self.b):
             for p in self.swarm.host_processes(host):
                 with contextlib.suppress(psutil.Error):
                     role = roles.get(p.pid) or _role(p.cmdline(), host.name)
                     if not role.endswith("headctl"):       # the bench's own helper
                         rss[p.pid] = (role, p.memory_info().rss)
+                        times = p.cpu_times()
+                        cpu[p.pid] = times.user + times.system
         history = sum(_du(self.run / name) for name in HISTORY)
-        return Sample(time.time() - self.t0, self.step(), _du(self.run), history, rss)
+        return Sample(time.time() - self.t0, self.step(), _du(self.run), history, rss, cpu)
 
     # -- faults ----------------------------------------------------------------------------
     def fault(self, what: str) -> None:
@@ -126,15 +129,21 @@ class Soak:
                 self.swarm.kill_host(self.head_host)
                 self._head(self.port)
 
-    def run_for(self, seconds: float, fault_every_s: float, sample_s: float = 10.0) -> None:
+    def run_for(self, seconds: float, fault_every_s: float, sample_s: float = 10.0,
+                faults_from_s: float | None = None, faults_until_s: float | None = None) -> None:
+        """Train for ``seconds`` with a fault every ``fault_every_s``, from ``faults_from_s``
+        (default: one gap in) until ``faults_until_s`` (default: half a gap before the end)."""
         rng = random.Random(self.seed)
         cycle: list[str] = []
         self.sampler = threading.Thread(target=self._sample_loop, args=(sample_s,), daemon=True)
         self.sampler.start()
-        deadline, next_fault = time.time() + seconds, time.time() + fault_every_s
+        start = time.time()
+        deadline = start + seconds
+        next_fault = start + (fault_every_s if faults_from_s is None else faults_from_s)
+        last_fault = start + (seconds - fault_every_s / 2 if faults_until_s is None else faults_until_s)
         while time.time() < deadline:
             time.sleep(min(1.0, max(0.0, deadline - time.time())))
-            if time.time() >= next_fault and time.time() < deadline - fault_every_s / 2:
+            if next_fault <= time.time() < last_fault:
                 if not cycle:
                     cycle = list(FAULTS)
                     rng.shuffle(cycle)
@@ -169,6 +178,10 @@ class Soak:
         history_per_1k_steps = (self.samples[-1].history_bytes - self.samples[0].history_bytes) / steps * 1000
         rate = lambda a, b: _steps_between(self.samples, a, b) / max(1e-9, b - a) * 60  # noqa: E731
         first, last = rate(warmup_s, warmup_s + window_s), rate(end - window_s, end)
+        # the same windows per CPU-second the swarm spent: what a slower system costs, whatever
+        # else the machine runs beside it (the suite's soak shares its two cores)
+        per_cpu = lambda a, b: _steps_between(self.samples, a, b) / max(1e-9, _cpu_between(self.samples, a, b))  # noqa: E731
+        cpu_first, cpu_last = per_cpu(warmup_s, warmup_s + window_s), per_cpu(end - window_s, end)
         return {"minutes": end / 60, "faults": self.faults, "processes": growth,
                 "max_growth": max((g["growth"] for g in growth.values()), default=0.0),
                 "disk_mb_before_last_window": disk_mid / 2 ** 20, "disk_mb_at_end": disk_end / 2 ** 20,
@@ -176,6 +189,8 @@ class Soak:
                 "history_kb_per_1k_steps": history_per_1k_steps / 2 ** 10, "steps": steps,
                 "steps_per_min_first": first, "steps_per_min_last": last,
                 "step_rate_change": last / first - 1 if first else None,
+                "steps_per_cpu_s_first": cpu_first, "steps_per_cpu_s_last": cpu_last,
+                "cpu_step_rate_change": cpu_last / cpu_first - 1 if cpu_first else None,
                 "node_losses": self.node_losses(), **self.books(),
                 "series": {"t": [s.t for s in self.samples], "step": [s.step for s in self.samples],
                            "disk_mb": [s.disk_bytes / 2 ** 20 for s in self.samples],
@@ -218,7 +233,7 @@ class Soak:
 
 def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:
     """(measure, result, target, met) rows: the soak's targets."""
-    change = r["step_rate_change"]
+    change, cpu_change = r["step_rate_change"], r.get("cpu_step_rate_change")
     worst = max(r["processes"].items(), key=lambda kv: kv[1]["growth"], default=("-", {"growth": 0.0}))
     disk_change = r["disk_mb_at_end"] / r["disk_mb_before_last_window"] - 1 if r["disk_mb_before_last_window"] else 0.0
     return [
@@ -232,6 +247,10 @@ def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:
          f"{r['history_kb_per_1k_steps']:.0f} kB per 1,000 steps", "O(steps), by design", True),
         ("steps per minute, first → last window", f"{r['steps_per_min_first']:.1f} → {r['steps_per_min_last']:.1f}"
          + (f" ({change:+.0%})" if change is not None else ""), "within 15%", change is not None and abs(change) <= 0.15),
+        ("steps per CPU-second of the swarm, first → last window",
+         f"{r.get('steps_per_cpu_s_first', 0):.2f} → {r.get('steps_per_cpu_s_last', 0):.2f}"
+         + (f" ({cpu_change:+.0%})" if cpu_change is not None else ""), "within 15%",
+         cpu_change is not None and abs(cpu_change) <= 0.15),
         ("false node losses", str(len(r["node_losses"]["false"])), "0", not r["node_losses"]["false"]),
         ("groups lost / episodes doubled", f"{r['groups_lost']} / {r['episodes_duplicated']}", "0 / 0",
          r["groups_lost"] == 0 and r["episodes_duplicated"] == 0),
@@ -268,6 +287,14 @@ def _steps_between(samples: list[Sample], a: float, b: float) -> int:
                 steps += s.step - prev
             prev = s.step
     return steps
+
+
+def _cpu_between(samples: list[Sample], a: float, b: float) -> float:
+    """CPU seconds the swarm's processes spent between ``a`` and ``b``: each process from its
+    last sample at or before ``a`` (from 0 if it started later) to its last one at or before ``b``."""
+    before = {pid: c for s in samples if s.t <= a for pid, c in s.cpu.items()}
+    until = {pid: c for s in samples if s.t <= b for pid, c in s.cpu.items()}
+    return sum(c - before.get(pid, 0.0) for pid, c in until.items())
 
 
 def _by_role(samples: list[Sample]) -> dict[str, list]:
