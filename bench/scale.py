@@ -73,18 +73,66 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
         grpo_step(model, opt, samples, Algorithm(), 0, ranks=group)
         times.append(time.perf_counter() - t0)
     target = Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-publish-{os.getpid()}.safetensors"
-    for _ in range(repeats):      # a weight version: gathered from the shards on rank 0, then written
-        t0 = time.perf_counter()
-        tensors = ranks.full_state(model) if group is not None else model.state_dict()
-        if rank == 0:
-            weights.publish(tensors, target, {"version": "0"})
-        publish.append(time.perf_counter() - t0)
+    whole = (AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+             if group is not None and rank == 0 else None)       # rank 0's unsharded copy, as in the learner
+    held = {}
+    for way in ("state dict", "streamed") if group is not None else ("state dict",):
+        for _ in range(repeats):  # a weight version: gathered from the shards on rank 0, then written
+            with _PeakRss() as peak:
+                t0 = time.perf_counter()
+                if group is None:
+                    tensors = model.state_dict()
+                elif way == "state dict":        # the gather before streaming: a whole dict on rank 0
+                    tensors = _state_dict_gather(model)
+                    if whole is not None:
+                        whole.load_state_dict(tensors, strict=False)
+                    tensors = whole.state_dict() if whole is not None else {}
+                else:
+                    ranks.gather_into(model, whole)
+                    tensors = whole.state_dict() if whole is not None else {}
+                if rank == 0:
+                    weights.publish(tensors, target, {"version": "0"})
+                del tensors
+                publish.append((way, time.perf_counter() - t0))
+            held[way] = max(held.get(way, 0), peak.bytes)
     target.unlink(missing_ok=True)
+    result = {"step": times[1:], "publish": publish, "rank0_peak_extra_bytes": held}
     if out and rank == 0:
-        Path(out).write_text(json.dumps({"step": times[1:], "publish": publish}))
+        Path(out).write_text(json.dumps(result))
     if group is not None:
         ranks.leave()
-    return {"step": times[1:], "publish": publish}
+    return result
+
+
+def _state_dict_gather(model) -> dict:
+    """How rank 0 gathered a version before rl/ranks.py's gather_into: every tensor at once."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+class _PeakRss:
+    """This process's resident memory above where it was on entry, at its highest (sampled
+    every millisecond by a thread): what one publish held beyond the model and its shards."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self.proc, self.bytes, self.done = psutil.Process(), 0, threading.Event()
+        self.start = self.proc.memory_info().rss
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def _watch(self):
+        while not self.done.wait(0.001):
+            self.bytes = max(self.bytes, self.proc.memory_info().rss - self.start)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
 
 
 def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
@@ -108,8 +156,15 @@ def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
     tokens = sum(len(s["input_ids"]) for s in samples)
     one_s, two_s = statistics.median(one["step"]), statistics.median(two["step"])
     return {"sequences": len(samples), "sequence_tokens": tokens, "one_rank_s": one_s, "two_ranks_s": two_s,
-            "ratio": two_s / one_s, "one_rank_publish_s": statistics.median(one["publish"]),
-            "two_ranks_publish_s": statistics.median(two["publish"])}
+            "ratio": two_s / one_s, "one_rank_publish_s": statistics.median(t for _, t in one["publish"]),
+            "two_ranks_publish_s": {way: statistics.median(t for w, t in two["publish"] if w == way)
+                                    for way in ("state dict", "streamed")},
+            "two_ranks_rank0_peak_extra_mb": {w: b / 2 ** 20 for w, b in two["rank0_peak_extra_bytes"].items()},
+            "model_mb": _model_mb(model_dir)}
+
+
+def _model_mb(model_dir: str) -> float:
+    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors")) / 2 ** 20
 
 
 def _serve_engine(model_dir: str, threads: int, port_file: str, device: str = "cpu") -> None:
@@ -195,8 +250,10 @@ def main() -> int:
             ("learner step, 2 ranks (FSDP2, gloo)", f"{ranks['two_ranks_s']:.3f} s",
              f"{max(1, CORES // 2)} thread(s) each; ratio {ranks['ratio']:.2f}"),
             ("weight version, 1 rank (state dict + write)", f"{ranks['one_rank_publish_s']:.3f} s", ""),
-            ("weight version, 2 ranks (gather on rank 0 + write)", f"{ranks['two_ranks_publish_s']:.3f} s",
-             "what rank 0 then delivers to every replica (serving/weights.py)"),
+            *[(f"weight version, 2 ranks, {way} (gather on rank 0 + write)",
+               f"{ranks['two_ranks_publish_s'][way]:.3f} s",
+               f"rank 0 held {ranks['two_ranks_rank0_peak_extra_mb'][way]:.1f} MB more at its peak "
+               f"(model {ranks['model_mb']:.1f} MB)") for way in ("state dict", "streamed")],
             *[(f"engine, {e['replicas']} replica(s)", f"{e['tokens_per_s']:.0f} tokens/s",
                f"{e['episodes']} episodes x 3 turns; served {e['served']}") for e in engines]]
     table(rows, ("what", "measured", "notes"))

@@ -1,7 +1,18 @@
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# Three xdist workers share two cores (setup.cfg) beside the swarms they start.  A worker that
+# runs a model itself (packing, gradients, engines in-process) with torch's default two OpenMP
+# threads spins them against everyone else: tests/test_context.py took 152 CPU-s that way and
+# 42 with one thread each (serving/threads.py measured the same for actor processes).  Idle
+# OpenMP threads sleep (read when torch loads, so before it), and one thread is the default.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import actorjet  # noqa: E402,F401  - sets thespian's convention timings before thespian loads

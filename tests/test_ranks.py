@@ -60,9 +60,10 @@ def rank_main(rank: int, port: int, opt: str, cfg: dict, out: str) -> None:
     group = ranks.join(rank, 2, "127.0.0.1", port, timeout_s=60)
     model = ranks.shard(fresh_model(opt.startswith("lora")))
     info = grpo_step(model, optimizer(opt, model), samples(), Algorithm(**cfg), 0, ranks=group)
-    state = ranks.full_state(model)
+    whole = fresh_model(opt.startswith("lora")) if rank == 0 else None     # rank 0's unsharded copy
+    ranks.gather_into(model, whole)
     if rank == 0:
-        torch.save(state, out + ".pt")
+        torch.save(whole.state_dict(), out + ".pt")
         with open(out + ".json", "w") as f:
             json.dump(info, f)
     ranks.leave()

@@ -136,7 +136,7 @@ class Learner(ManagedActor):
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
         if self.group is not None:       # the ranks gather the new weights into rank 0's whole copy
             self.commands.post("weights")
-            self.full_model.load_state_dict(ranks.full_state(self.model, trainable_only=True), strict=False)
+            ranks.gather_into(self.model, self.full_model, trainable_only=True)
         tensors = lora.adapter_tensors(self.full_model) if self.peft is not None else self.full_model.state_dict()
         path, self.published_bytes = weights.publish_version(self.weights_dir, self.version, tensors)
         return path

@@ -104,7 +104,7 @@ class LearnerRank(ManagedActor):
                 self.steps += 1
                 commands.report(self.rank, time.perf_counter() - t0)
             elif kind == "weights":
-                ranks.full_state(self.model, trainable_only=True)
+                ranks.gather_into(self.model, None, trainable_only=True)
             elif kind == "optimizer":
                 trainable.optimizer_state(self.model, optimizer)
             elif kind == "restore_optimizer":
