@@ -7,7 +7,8 @@ Both work side by side instead.  If the SDK is installed, its folder joins this 
 search path, and the first name asked of this package that is none of its own modules
 (``from agents import Agent, Runner``) runs the SDK's ``__init__`` in it.  When Python finds
 the SDK first, this package's modules load as the SDK's submodules (the editable install's
-finder finds them).  No module here shares a name with one of the SDK's
+finder finds them) and the SDK's whole ``__init__`` runs first; importing ``actorjet`` avoids that
+by loading this package first (actorjet/__init__.py).  No module here shares a name with one of the SDK's
 (tests/test_frameworks.py checks it).
 """
 import os as _os

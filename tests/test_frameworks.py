@@ -44,6 +44,25 @@ def test_no_module_of_ours_shadows_one_of_the_agents_sdk():
     assert not (ours - {"__init__"}) & theirs
 
 
+def test_a_task_source_imported_outside_the_repository_does_not_load_the_sdk(tmp_path):
+    """Started away from the repository (as the `actorjet` console script is), Python finds the
+    SDK's `agents` first; importing actorjet puts ours first (actorjet/__init__.py), so a task
+    source loads without the SDK's 1.8 s import, and the SDK's names still load on demand."""
+    import subprocess
+    import sys
+
+    code = ("import sys, actorjet, agents.arithmetic\n"
+            "print(agents.__file__, 'agents.agent' in sys.modules)\n"
+            "from agents import Agent\n"
+            "print(Agent.__module__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.split("\n")[:2]
+    assert first == f"{REPO / 'agents' / '__init__.py'} False", out.stdout       # ours, the SDK not loaded
+    assert second == "agents.agent"                                             # then the SDK, when asked
+
+
 def test_langchain_invoke_stream_async_and_batch(served):
     from langchain_openai import ChatOpenAI
 
