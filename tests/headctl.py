@@ -13,6 +13,7 @@ import sys
 
 import actorjet  # noqa: F401  - convention timings before thespian loads
 from actorjet.runtime import messages as m
+from actorjet.runtime import system
 from actorjet.runtime.head import attach_root, lookup, status
 
 
@@ -22,8 +23,8 @@ def answer(handle, words):
         return status(asys, root)
     if words[0] == "pid":
         address = lookup(asys, root, words[1], 5)
-        reply = asys.ask(address, m.Ping(), 5) if address else None
-        return {"pid": reply.pid if isinstance(reply, m.Pong) else None}
+        reply = system.ask(asys, address, m.Ping(), m.Pong, 5) if address else None
+        return {"pid": reply.pid if reply is not None else None}
     if words[0] == "port":
         address = lookup(asys, root, words[1], 5)
         return {"port": address.addressDetails.sockname[1] if address else None}

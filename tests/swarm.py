@@ -235,8 +235,8 @@ def pid_of(port: int, path: str) -> int | None:
 
     asys, root = attach_root(port)
     address = lookup(asys, root, path, 5)
-    reply = asys.ask(address, m.Ping(), 5) if address else None
-    return reply.pid if isinstance(reply, m.Pong) else None
+    reply = system.ask(asys, address, m.Ping(), m.Pong, 5) if address else None
+    return reply.pid if reply is not None else None
 
 
 def recorded_calls(run: Path, model: str) -> list[dict]:

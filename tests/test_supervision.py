@@ -6,6 +6,7 @@ import time
 import pytest
 
 from actorjet.runtime import messages as m
+from actorjet.runtime import system
 from actorjet.runtime.head import Head
 from actorjet.runtime.tree_spec import parse_tree
 from swarm import free_port, wait_until
@@ -58,8 +59,8 @@ def make_head(tmp_path):
 def pong(head, path):
     def ask():
         addr = head.lookup(path)
-        reply = head.asys.ask(addr, m.Ping(), 0.5) if addr else None   # a restarting child: ask again soon
-        return reply if isinstance(reply, m.Pong) and reply.info.get("path", "?") != "?" else None
+        reply = system.ask(head.asys, addr, m.Ping(), m.Pong, 0.5) if addr else None   # a restarting child: ask again soon
+        return reply if reply is not None and reply.info.get("path", "?") != "?" else None
     return wait_until(ask, 10, what=f"{path} to answer")
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from actorjet.errors import UserError
 from actorjet.runtime import messages as m
+from actorjet.runtime import system
 from actorjet.registry import protocol as proto
 
 EXAMPLES = """\
@@ -123,8 +124,8 @@ def wait_for_runners(asys, registry, name: str, version: int, timeout_s: float) 
     t0 = time.perf_counter()
     behind: list[str] = []
     while True:
-        reply = asys.ask(registry, m.GetStatus(), 5)
-        if isinstance(reply, m.Status):
+        reply = system.ask(asys, registry, m.GetStatus(), m.Status, 5)
+        if reply is not None:
             placed = [r for r in reply.data["runners"] if r.get("node_id") is not None]   # not "waiting for a node"
             behind = [r["id"] for r in placed if r.get("behaviors", {}).get(name) != version]
             if not behind:
@@ -137,8 +138,8 @@ def wait_for_runners(asys, registry, name: str, version: int, timeout_s: float) 
 def send(port: int, token: str, msg, timeout_s: float, wait_s: float) -> tuple[proto.UpgradeReply, float, list[str]]:
     """Send an Upgrade/Rollback; (reply, seconds until all runners ran it, runners behind)."""
     asys, registry = _registry(port, token)
-    reply = asys.ask(registry, msg, timeout_s)
-    if not isinstance(reply, proto.UpgradeReply):
+    reply = system.ask(asys, registry, msg, proto.UpgradeReply, timeout_s)
+    if reply is None:
         raise UserError(f"the registry did not answer within {timeout_s:g} s")
     if not reply.ok:
         return reply, 0.0, []

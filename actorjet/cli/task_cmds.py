@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from actorjet.errors import UserError
 from actorjet.registry import protocol as proto
+from actorjet.runtime import system
 
 EXAMPLES = """\
 examples:
@@ -43,8 +44,8 @@ def cmd_task(args) -> int:
             raise UserError("--weight must be > 0")
         config = {"source": args.source, "behavior": args.behavior, "weight": args.weight}
     asys, registry = _registry(*head_address(args))
-    reply = asys.ask(registry, proto.TaskCommand(args.action, args.name, config), 30)
-    if not isinstance(reply, proto.TaskReply):
+    reply = system.ask(asys, registry, proto.TaskCommand(args.action, args.name, config), proto.TaskReply, 30)
+    if reply is None:
         raise UserError("the registry did not answer within 30 s")
     if not reply.ok:
         raise UserError(reply.error)

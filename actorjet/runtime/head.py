@@ -218,16 +218,16 @@ class Head:
 
 
 def lookup(asys, root, path: str, timeout_s: float = 5.0):
-    reply = asys.ask(root, m.Lookup(path), timeout_s)
-    return reply.address if isinstance(reply, m.LookupResult) else None
+    reply = system.ask(asys, root, m.Lookup(path), m.LookupResult, timeout_s)
+    return reply.address if reply is not None else None
 
 
 def status(asys, root, timeout_s: float = 5.0) -> dict:
     registry = lookup(asys, root, "registry", timeout_s)
     if registry is None:
         raise UserError("the registry is not answering (restarting?); try again")
-    reply = asys.ask(registry, m.GetStatus(), timeout_s)
-    if not isinstance(reply, m.Status):
+    reply = system.ask(asys, registry, m.GetStatus(), m.Status, timeout_s)
+    if reply is None:
         raise UserError("the registry did not answer within the timeout")
     return reply.data
 

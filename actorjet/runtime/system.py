@@ -158,6 +158,22 @@ def attach(port: int, token: str | None = None) -> ActorSystem:
     raise result["error"]
 
 
+def ask(asys: ActorSystem, address, message, reply_type: type, timeout_s: float):
+    """``asys.ask`` for a reply of ``reply_type`` (None: none within ``timeout_s``).
+
+    An outside process's ask returns the first message that reaches it, and an answer that came
+    after its ask timed out reaches the next ask instead: from then on every ask of that process
+    would read its predecessor's answer.  Answers already waiting are dropped first, and one of
+    another type that arrives meanwhile is skipped."""
+    while asys.listen(0) is not None:
+        pass
+    deadline = time.monotonic() + timeout_s
+    reply = asys.ask(address, message, timeout_s)
+    while reply is not None and not isinstance(reply, reply_type) and time.monotonic() < deadline:
+        reply = asys.listen(max(0.0, deadline - time.monotonic()))
+    return reply if isinstance(reply, reply_type) else None
+
+
 def admin_pid(port: int) -> int | None:
     """The pid of the process listening on ``port`` (the thespian admin), if any."""
     for conn in psutil.net_connections(kind="tcp"):
