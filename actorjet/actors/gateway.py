@@ -13,6 +13,7 @@ short wakeup loop drains.
 """
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 
@@ -35,6 +36,8 @@ preload = preload_libraries      # runtime/kinds.py: what a head imports once, b
 
 FLUSH_S = 0.05
 PROGRESS_S = 1.0
+NO_ENGINE_S = 10.0       # without an engine this long: ask the registry for the directory again
+log = logging.getLogger(__name__)
 
 
 class Gateway(ManagedActor):
@@ -65,6 +68,7 @@ class Gateway(ManagedActor):
         self.server = AppServer(self.app.app(), name=f"gateway.{self.model}", port=cfg["gateway_port"], tls=True)
         self.announce(self.model, {"gateway": self.server.url + "/v1"}, subscribe=True)
         self.reported = 0.0
+        self.started, self.asked_again = time.monotonic(), False
         self.disk_reported = ""
         self.closes_waiting: list[tuple[list, str]] = []
         self.wakeupAfter(timedelta(seconds=FLUSH_S))
@@ -103,6 +107,14 @@ class Gateway(ManagedActor):
             self.reported = time.monotonic()
             self.send(self.registry, proto.Progress(self.model, "gateway", self.server.beats, 1))
             self.send(self.registry, proto.EngineReplicas(self.model, self.backend.replica_stats()))
+            if not self.backend.urls and time.monotonic() - self.started > NO_ENGINE_S:
+                # The directory comes when a service changes; one lost on the way would leave
+                # this gateway without its engine for good (a 503 to every call): ask again.
+                if not self.asked_again:
+                    log.warning("gateway %s: no engine of %s known after %g s; asking the registry again",
+                                self.model, self.engine_of, NO_ENGINE_S)
+                self.asked_again = True
+                self.send(self.registry, m.Subscribe("directory"))
             active, self.app.active = self.app.active, set()      # (a call in the swap is seen next time)
             active |= set(list(self.app.calling))                   # waiting on the engine is not idle
             if active:
