@@ -19,7 +19,7 @@ FAULT_EVERY_S, FAULTS_FROM_S, FAULTS_UNTIL_S = 25, 110, 220    # faults at 110, 
 RATES = ("steps per minute", "steps per CPU-second")       # printed: the neighbours decide them here
 
 
-def test_five_minutes_with_every_fault_leave_memory_disk_and_step_cost_flat_and_lose_nothing(swarm, network, tmp_path):
+def test_five_minutes_with_every_fault_leave_memory_and_disk_flat_and_lose_nothing(swarm, network, tmp_path):
     soak = Soak(swarm, network, tmp_path)
     soak.start()
     soak.run_for(SECONDS, FAULT_EVERY_S, sample_s=3, faults_from_s=FAULTS_FROM_S, faults_until_s=FAULTS_UNTIL_S)
