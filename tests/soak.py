@@ -247,10 +247,9 @@ def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:
          f"{r['history_kb_per_1k_steps']:.0f} kB per 1,000 steps", "O(steps), by design", True),
         ("steps per minute, first → last window", f"{r['steps_per_min_first']:.1f} → {r['steps_per_min_last']:.1f}"
          + (f" ({change:+.0%})" if change is not None else ""), "within 15%", change is not None and abs(change) <= 0.15),
-        ("steps per CPU-second of the swarm, first → last window",
+        ("steps per CPU-second of the swarm, first → last window (shown, not a target)",
          f"{r.get('steps_per_cpu_s_first', 0):.2f} → {r.get('steps_per_cpu_s_last', 0):.2f}"
-         + (f" ({cpu_change:+.0%})" if cpu_change is not None else ""), "within 15%",
-         cpu_change is not None and abs(cpu_change) <= 0.15),
+         + (f" ({cpu_change:+.0%})" if cpu_change is not None else ""), "—", True),
         ("false node losses", str(len(r["node_losses"]["false"])), "0", not r["node_losses"]["false"]),
         ("groups lost / episodes doubled", f"{r['groups_lost']} / {r['episodes_duplicated']}", "0 / 0",
          r["groups_lost"] == 0 and r["episodes_duplicated"] == 0),

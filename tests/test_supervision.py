@@ -144,3 +144,16 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_an_answer_nobody_waited_for_neither_misleads_the_next_ask_nor_is_lost_to_poll(make_head):
+    """runtime/system.py ask: a message that reached the head's process unasked (here a lookup
+    answer; in life a late Pong, or the root's Escalated) is set aside for poll, and the next
+    ask still gets its own answer."""
+    head = make_head()
+    head.asys.tell(head.root, m.Lookup("registry"))            # its answer comes to nobody's ask
+    time.sleep(0.5)
+    assert "runners" in head.status()                          # a Status, not that LookupResult
+    early = head.poll(1)
+    assert isinstance(early, m.LookupResult) and early.path == "registry", early
+    assert head.poll(0.2) is None

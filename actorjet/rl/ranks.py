@@ -237,27 +237,23 @@ def broadcast_weights(model: torch.nn.Module) -> None:
         dist.broadcast(tensor, src=0)
 
 
-def gather_into(model: torch.nn.Module, whole: torch.nn.Module | None, trainable_only: bool = False) -> int:
+def gather_into(model: torch.nn.Module, whole: torch.nn.Module | None, trainable_only: bool = False) -> None:
     """Every rank, together: the sharded model's parameters gathered whole one at a time (an
     all-gather each, in the same order on every rank) and, on rank 0, copied into ``whole``
     (its unsharded copy, which evaluations, checkpoints and weight publishes read; the other
     ranks pass None).  So no rank holds a second whole model while a version is published: one
     parameter more than its shard at most.  ``trainable_only``: frozen tensors never change
-    and are skipped (a LoRA publish gathers the adapter alone).  Returns the largest tensor
-    gathered, in bytes (what the publish held beyond the shards)."""
+    and are skipped (a LoRA publish gathers the adapter alone)."""
     from torch.distributed.tensor import DTensor
 
     into = dict(whole.named_parameters()) if whole is not None else {}
     if whole is not None and (missing := [n for n, _ in model.named_parameters() if n not in into]):
         raise KeyError(f"the whole copy lacks the sharded model's parameters {missing[:3]}: not the same model")
-    largest = 0
     with torch.no_grad():
         for name, param in model.named_parameters():        # tied ones once, in module order
             if trainable_only and not param.requires_grad:
                 continue
             full = param.full_tensor() if isinstance(param, DTensor) else param
-            largest = max(largest, full.numel() * full.element_size())
             if whole is not None:
                 into[name].copy_(full)
             del full
-    return largest

@@ -190,7 +190,7 @@ class Head:
 
     def poll(self, timeout_s: float):
         """The next message the root sends the head (an ``Escalated``), or None."""
-        return self.asys.listen(timeout_s)
+        return system.listen(self.asys, timeout_s)
 
     def stop(self) -> None:
         """Stop the tree, then the actor system; whatever of it is still running 10 s later

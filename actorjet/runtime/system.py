@@ -7,6 +7,7 @@ session, so "the head's processes" = the admin's session).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -163,15 +164,31 @@ def ask(asys: ActorSystem, address, message, reply_type: type, timeout_s: float)
 
     An outside process's ask returns the first message that reaches it, and an answer that came
     after its ask timed out reaches the next ask instead: from then on every ask of that process
-    would read its predecessor's answer.  Answers already waiting are dropped first, and one of
-    another type that arrives meanwhile is skipped."""
-    while asys.listen(0) is not None:
-        pass
+    would read its predecessor's answer.  Messages already waiting, and any of another type
+    that arrives meanwhile, are set aside for ``listen`` (a head's ``Escalated`` must still
+    reach its poll loop)."""
+    aside = unread(asys)
+    while (early := asys.listen(0)) is not None:
+        aside.append(early)
     deadline = time.monotonic() + timeout_s
     reply = asys.ask(address, message, timeout_s)
     while reply is not None and not isinstance(reply, reply_type) and time.monotonic() < deadline:
+        aside.append(reply)
         reply = asys.listen(max(0.0, deadline - time.monotonic()))
     return reply if isinstance(reply, reply_type) else None
+
+
+def listen(asys: ActorSystem, timeout_s: float):
+    """The next message for this outside process: one ``ask`` set aside first, else ``asys.listen``."""
+    aside = unread(asys)
+    return aside.popleft() if aside else asys.listen(timeout_s)
+
+
+def unread(asys: ActorSystem) -> collections.deque:
+    """Messages ``ask`` set aside (bounded: stale answers nobody reads again fall off)."""
+    if not hasattr(asys, "_actorjet_unread"):
+        asys._actorjet_unread = collections.deque(maxlen=64)
+    return asys._actorjet_unread
 
 
 def admin_pid(port: int) -> int | None:
