@@ -17,6 +17,11 @@ runner does.  Every call carries the cluster token.
     POST /v1/actorjet/hello    {runner_id}: checks the URL and the token
     GET  /v1/actorjet/status   the registry's status (at most 1 s old) and the head's last
                                errors: what `actorjet top` shows, from any machine
+    POST /v1/actorjet/trials   {trial_id, job, model_seed, slots?}: run a research trial on a
+                               node joined with --trials (201, or 409 when none is free)
+    GET  /v1/actorjet/trials   the swarm's trial capacity and every trial; GET …/trials/ID one
+                               trial (state, node, step, evals, exit code, log tail); DELETE
+                               …/trials/ID stops it (registry/trials.py)
     GET  /healthz
 
 The door is a plain runner as far as the registry knows (a lease request with a runner id);
@@ -38,6 +43,9 @@ from aiohttp import web
 from thespian.actors import WakeupMessage
 
 from actorjet.checks import int_in, is_int
+from actorjet.config import normalize
+from actorjet.errors import UserError
+from actorjet.registry import trials as tr
 from actorjet.serving.openai_api import ApiError, error_middleware, read_json
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import messages as m
@@ -100,6 +108,30 @@ def check_results(body: dict) -> proto.GroupResult:
     return proto.GroupResult(f"outbound:{runner_id}", lease_id, clean)
 
 
+def check_trial(body: dict) -> tr.SubmitTrial:
+    """A research controller's trial: an id that can name a directory, a valid job."""
+    from actorjet.runner.trial_runs import SAFE_ID
+
+    trial_id = body.get("trial_id")
+    if not isinstance(trial_id, str) or not SAFE_ID.match(trial_id):
+        raise ApiError(400, "'trial_id' must be 1-200 characters of letters, digits, '_', '.' and '-' "
+                            "(it names the trial's directory on its node)", "trial_id")
+    if not isinstance(body.get("job"), dict):
+        raise ApiError(400, "'job' must be a job as an object (models, tasks, train)", "job")
+    try:
+        job = normalize(json.loads(json.dumps(body["job"])), "job")
+    except UserError as e:
+        raise ApiError(400, str(e), "job") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ApiError(400, f"job: not a valid job ({type(e).__name__}: {e})", "job") from None
+    seed, slots = body.get("model_seed", 0), body.get("slots", 2)
+    if not int_in(seed, 0, 2**31 - 1):
+        raise ApiError(400, "'model_seed' must be an integer from 0 to 2**31-1", "model_seed")
+    if not int_in(slots, 0, 64):
+        raise ApiError(400, "'slots' must be an integer from 0 to 64 (runner slots of the trial's own head)", "slots")
+    return tr.SubmitTrial(trial_id, job, seed, slots)
+
+
 def last_errors(log_file: Path, n: int = 8) -> list[str]:
     """The last ERROR / CRITICAL lines of the head's actor log (crash reports name the child's path)."""
     try:
@@ -143,15 +175,42 @@ class Door(ManagedActor):
         app.router.add_post("/v1/actorjet/abandoned", self._abandoned)
         app.router.add_post("/v1/actorjet/hello", self._hello)
         app.router.add_get("/v1/actorjet/status", self._status)
+        app.router.add_post("/v1/actorjet/trials", self._submit_trial)
+        app.router.add_get("/v1/actorjet/trials", self._trials)
+        app.router.add_get("/v1/actorjet/trials/{trial_id}", self._trials)
+        app.router.add_delete("/v1/actorjet/trials/{trial_id}", self._cancel_trial)
         app.router.add_get("/healthz", lambda request: web.json_response({"ok": True}))
         return app
 
-    async def _body(self, request) -> dict:
-        auth = request.headers.get("Authorization", "")
-        if not bearer_ok(auth, self.context["token"]):
+    def _auth(self, request) -> None:
+        if not bearer_ok(request.headers.get("Authorization", ""), self.context["token"]):
             raise ApiError(401, "the door needs the cluster token: 'Authorization: Bearer <token>'",
                            code="invalid_api_key", kind="authentication_error")
+
+    async def _body(self, request) -> dict:
+        self._auth(request)
         return await read_json(request)
+
+    async def _ask(self, message) -> web.Response:
+        """A trial message to the registry and its TrialAnswer back as the HTTP answer."""
+        future = asyncio.get_running_loop().create_future()
+        self.inbox.put((message, asyncio.get_running_loop(), future))
+        try:
+            answer = await asyncio.wait_for(future, ASK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise ApiError(503, "the registry did not answer (restarting?); try again", code="registry_busy") from None
+        return web.json_response(answer.body, status=answer.status)
+
+    async def _submit_trial(self, request):
+        return await self._ask(check_trial(await self._body(request)))
+
+    async def _trials(self, request):
+        self._auth(request)
+        return await self._ask(tr.TrialQuery(request.match_info.get("trial_id", "")))
+
+    async def _cancel_trial(self, request):
+        self._auth(request)
+        return await self._ask(tr.CancelTrial(request.match_info["trial_id"]))
 
     async def _leases(self, request):
         runner_id, max_groups, versions = check_lease_request(await self._body(request))
@@ -204,10 +263,15 @@ class Door(ManagedActor):
             if message == "status":
                 self._status_wanted(loop, future)
                 continue
-            if isinstance(message, proto.LeaseRequest):
+            if isinstance(message, (proto.LeaseRequest, tr.SubmitTrial, tr.TrialQuery, tr.CancelTrial)):
                 message.tag = str(next(self.tags))
                 self.waiting[message.tag] = (loop, future, now)
+            if isinstance(message, proto.LeaseRequest):
                 self.seen[message.runner_id] = time.time()
+            if isinstance(message, (tr.SubmitTrial, tr.TrialQuery, tr.CancelTrial)):
+                if self.registry is not None:
+                    self.send(self.registry, message)      # not a desk's message: never in a Batch
+                continue
             batch.append(message)
         if batch and self.registry is not None:         # one frame for all of them (proto.Batch)
             self.send(self.registry, batch[0] if len(batch) == 1 else proto.Batch(batch))
@@ -232,6 +296,9 @@ class Door(ManagedActor):
         self._answer(msg)
 
     def receiveMsg_NoWork(self, msg: proto.NoWork, sender):
+        self._answer(msg)
+
+    def receiveMsg_TrialAnswer(self, msg: tr.TrialAnswer, sender):
         self._answer(msg)
 
     def receiveMsg_AbandonLease(self, msg: proto.AbandonLease, sender):

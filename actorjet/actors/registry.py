@@ -9,7 +9,8 @@ network cut under a fresh admission id, so the node stops the runners of the old
 A node that drops out of the convention while it still answers the heartbeats is not lost:
 on a saturated machine its admin can miss two 3 s re-registrations (CI once restarted a
 two-host learner that way); the heartbeat, with its allowance for a starved registry, decides.
-Episode bookkeeping (leases, groups, results) lives in actorjet/registry/episodes.py.
+Episode bookkeeping (leases, groups, results) lives in actorjet/registry/episodes.py; the
+research trials hosted on nodes (placement, states) in actorjet/registry/trials.py.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from datetime import timedelta
 
 from thespian.actors import ActorSystemConventionUpdate, ChildActorExited, WakeupMessage
 
+from actorjet.actors.trial_host import TrialHost
+from actorjet.registry import trials as tr
 from actorjet.registry.episodes import EpisodeDesk
 from actorjet.registry.nodes import NodeTable
 from actorjet.runtime import frames, load
@@ -43,6 +46,7 @@ class Registry(ManagedActor):
         self.waiting: dict[str, dict] = {}         # path → the placement no live node matches yet
         self.relinks: dict[str, int] = {}
         self.desk = EpisodeDesk(ctx, self.epoch)
+        self.trials = tr.TrialBook()
         self.routes = self.desk.handlers()
         head = ctx.get("head_caps") or {}
         if head.get("node_id"):
@@ -93,6 +97,8 @@ class Registry(ManagedActor):
             log.warning("node %s lost: %s", node.name, reason)
             self._publish(m.NodeLost(node_id, reason))
             self._send_all(self.desk.node_lost(node_id, self.table.lost_count))
+            for t in self.trials.node_lost(node_id, reason):
+                log.warning("trial %s lost with node %s", t.trial_id, node.name)
 
     def receiveMsg_Leaving(self, msg: m.Leaving, sender):
         self._lost(msg.node_id, "left (actorjet leave)")
@@ -130,7 +136,14 @@ class Registry(ManagedActor):
             self._publish(m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
     def receiveMsg_ChildActorExited(self, msg: ChildActorExited, sender):
-        """A NodeLink died.  If its node is still alive, recreate it (a few times)."""
+        """A NodeLink died.  If its node is still alive, recreate it (a few times).  A
+        TrialHost died: its trials are lost (the controller places them again)."""
+        host = next((n for n in self.table.nodes.values() if n.trial_host == msg.childAddress), None)
+        if host is not None:
+            host.trial_host = None
+            for t in self.trials.node_lost(host.node_id, "its trial host exited"):
+                log.warning("trial %s lost: the trial host on %s exited", t.trial_id, host.name)
+            return
         node = next((n for n in self.table.nodes.values() if n.link == msg.childAddress), None)
         if node is None or not node.alive:
             return
@@ -197,6 +210,47 @@ class Registry(ManagedActor):
                 "waiting": dict(self.waiting)}      # path → the placement no live node matches
         data.update(self.desk.status())
         self.send(sender, m.Status(data))
+
+    # -- research trials on nodes (registry/trials.py decides, this actor sends) ----------
+    def receiveMsg_SubmitTrial(self, msg: tr.SubmitTrial, sender):
+        node = self.trials.place(msg.trial_id, self.table.alive())
+        if isinstance(node, str):
+            self.send(sender, tr.TrialAnswer(409, {"error": node, **self.trials.capacity(self.table.alive())}, msg.tag))
+            return
+        if node.trial_host is None:
+            node.trial_host = self.createActor(TrialHost, targetActorRequirements={"node_id": node.node_id})
+        self.send(node.trial_host, tr.RunTrial(msg.trial_id, msg.job, msg.model_seed, msg.slots))
+        log.info("trial %s placed on node %s", msg.trial_id, node.name)
+        self.send(sender, tr.TrialAnswer(201, self.trials.trials[msg.trial_id].public(), msg.tag))
+
+    def receiveMsg_TrialQuery(self, msg: tr.TrialQuery, sender):
+        if not msg.trial_id:
+            body = {"capacity": self.trials.capacity(self.table.alive()),
+                    "trials": [t.public() for t in self.trials.trials.values()]}
+            self.send(sender, tr.TrialAnswer(200, body, msg.tag))
+            return
+        t = self.trials.trials.get(msg.trial_id)
+        self.send(sender, tr.TrialAnswer(200, t.public(), msg.tag) if t is not None else
+                  tr.TrialAnswer(404, {"error": f"no trial {msg.trial_id!r} on this swarm"}, msg.tag))
+
+    def receiveMsg_CancelTrial(self, msg: tr.CancelTrial, sender):
+        t = self.trials.cancel(msg.trial_id)
+        if t is None:
+            self.send(sender, tr.TrialAnswer(404, {"error": f"no trial {msg.trial_id!r} on this swarm"}, msg.tag))
+            return
+        node = self.table.nodes.get(t.node_id)
+        if t.state == "stopping" and node is not None and node.trial_host is not None:
+            self.send(node.trial_host, tr.StopTrial(t.trial_id))
+        self.send(sender, tr.TrialAnswer(200, t.public(), msg.tag))
+
+    def receiveMsg_TrialProgress(self, msg: tr.TrialProgress, sender):
+        if not self.trials.progress(msg):
+            self.send(sender, tr.StopTrial(msg.trial_id))     # lost meanwhile (a cut), or cancelled
+
+    def receiveMsg_TrialEnded(self, msg: tr.TrialEnded, sender):
+        t = self.trials.ended(msg)
+        if t is not None:
+            log.info("trial %s on %s: %s (exit %s)", t.trial_id, t.node, t.state, t.code)
 
     # -- episodes: the desk decides, this actor sends -----------------------------------
     def receiveUnrecognizedMessage(self, msg, sender):

@@ -119,6 +119,9 @@ def add_join(sub) -> None:
                    "--token-file or ACTORJET_TOKEN keep it out of the process list)")
     p.add_argument("--token-file", default=None, metavar="FILE", help="read the token from FILE")
     p.add_argument("--slots", type=int, default=1, help="concurrent runners on this node (default 1)")
+    p.add_argument("--trials", type=int, default=0, metavar="N",
+                   help="also host up to N research trials at once, each an embedded head of its own on "
+                   "this machine, for `actorjet research run --head` (default 0: none; docs/research.md)")
     p.add_argument("--name", default=None, help="node name (default: this host's name)")
     p.add_argument("--port", type=int, default=None, help="this node's own admin port (default: a free one)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds to wait for admission (default %(default)s)")
@@ -151,12 +154,16 @@ def cmd_join(args) -> int:
         raise UserError("joining needs the cluster token that `actorjet start` printed: "
                         "--token T, --token-file FILE or ACTORJET_TOKEN")
     if args.outbound:
+        if args.trials:
+            raise UserError("--trials needs a joined node the head can reach (the trial host is an actor "
+                            "placed there); an --outbound node runs episodes only")
         return _join_outbound(args, name)
-    member = Member(args.head, args.token, name, slots=args.slots, port=args.port,
+    member = Member(args.head, args.token, name, slots=args.slots, trials=args.trials, port=args.port,
                     state_dir=args.state_dir, timeout_s=args.timeout, advertise=args.advertise)
     stop = _Stop()
     member.join()
-    _say(f"joined {args.head} as {name} ({member.node_id}) with {args.slots} slots; "
+    _say(f"joined {args.head} as {name} ({member.node_id}) with {args.slots} slots"
+         f"{f' and {args.trials} trial slots' if args.trials else ''}; "
          f"logs in {member.state_dir / 'logs'}")
     try:
         while not stop.requested:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 
@@ -45,6 +46,7 @@ def add_research(sub) -> None:
                      help="the planner's model (default: the first the endpoint lists)")
     ask.add_argument("--yes", action="store_true", help="run the draft at once (research run)")
     ask.add_argument("--dir", default=None, help="with --yes: the study directory (default studies/STUDY-NAME)")
+    add_swarm_options(ask)
     ask.set_defaults(func=cmd_ask)
     knobs = verbs.add_parser("knobs", help="the catalogue: every job field with its type, value, meaning and range")
     knobs.add_argument("--base-job", required=True, metavar="JOB.toml")
@@ -66,6 +68,7 @@ def add_research(sub) -> None:
                      help="with --follow-ups: an OpenAI-compatible endpoint that proposes each next study "
                      "(checked like any spec; the playbook decides when it is invalid)")
     run.add_argument("--planner-model", default="", metavar="NAME")
+    add_swarm_options(run)
     run.set_defaults(func=cmd_run)
     status = verbs.add_parser("status", help="trials per stage and state, and the decisions so far")
     status.add_argument("dir", metavar="DIR")
@@ -73,6 +76,38 @@ def add_research(sub) -> None:
     report = verbs.add_parser("report", help="write DIR/report.md, results.json and figures from the registry")
     report.add_argument("dir", metavar="DIR")
     report.set_defaults(func=cmd_report)
+
+
+def add_swarm_options(p) -> None:
+    p.add_argument("--head", default="", metavar="HOST:PORT",
+                   help="run the trials on this swarm's nodes (those joined with --trials N), not on this "
+                   "machine: the head's HOST:PORT, or its door's URL http://HOST:DOOR_PORT; only the door is "
+                   "contacted, so this machine may be a laptop behind NAT.  As many trials run at once as the "
+                   "swarm has free trial slots; a lost node's trial runs again elsewhere")
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help="with --head: the swarm's token (or ACTORJET_TOKEN)")
+
+
+def swarm_of(args, study: dict):
+    """(head, token) for --head, checked against the spec; None without it."""
+    import os
+
+    from actorjet.errors import UserError
+
+    if not getattr(args, "head", ""):
+        return None
+    if study["trials"].get("port"):
+        raise UserError("--head runs trials on a swarm's nodes; the spec's [trials] port names a head of its "
+                        "own for every trial: use one or the other")
+    token = os.environ.get("ACTORJET_TOKEN", "")
+    if args.token_file:
+        path = Path(args.token_file)
+        if not path.is_file():
+            raise UserError(f"--token-file: no file at {path}")
+        token = path.read_text().strip()
+    if not token:
+        raise UserError("--head needs the swarm's token: --token-file FILE or ACTORJET_TOKEN")
+    return args.head, token
 
 
 def cmd_plan(args) -> int:
@@ -111,20 +146,23 @@ def cmd_run(args) -> int:
         raise UserError("--follow-ups must be 0 or more")
     if getattr(args, "follow_ups", 0) and not 0 <= args.min_effect < float("inf"):
         raise UserError(f"--min-effect must be a finite number >= 0 (in the metric's units), got {args.min_effect}")
+    swarm = swarm_of(args, study)
     if getattr(args, "follow_ups", 0):
         chain_dir = Path(args.dir or f"studies/{Path(args.study).stem}-chain")
-        path = chain.run_chain(study, chain_dir, args.follow_ups, run_one, min_effect=args.min_effect,
+        one = functools.partial(run_one, swarm=swarm)
+        path = chain.run_chain(study, chain_dir, args.follow_ups, one, min_effect=args.min_effect,
                                planner=args.planner, planner_model=args.planner_model)
         print(f"chain report: {path}")
         return 0
     study_dir = Path(args.dir or f"studies/{Path(args.study).stem}")
-    run_one(study, study_dir)
+    run_one(study, study_dir, swarm)
     print(f"report: {study_report.build(study_dir)}")
     return 0
 
 
-def run_one(study: dict, study_dir: Path) -> None:
-    """One study to its end, with a progress bar per stage."""
+def run_one(study: dict, study_dir: Path, swarm: tuple | None = None) -> None:
+    """One study to its end, with a progress bar per stage; ``swarm`` (head, token): its
+    trials run on that swarm's nodes."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     import errno
@@ -135,9 +173,18 @@ def run_one(study: dict, study_dir: Path) -> None:
     from actorjet.research.plan import check_budget, make_plan
 
     check_budget(study, make_plan(study))
+    launcher = None
+    if swarm is not None:
+        from actorjet.research.launchers import SwarmTrials
+
+        launcher = SwarmTrials(study, study_dir, *swarm)
+        cap = launcher.check()
+        hosts = ", ".join(f"{name}: {c['trials']}" for name, c in cap["nodes"].items())
+        print(f"trials on the swarm at {launcher.url}: {cap['free']} of {cap['total']} trial slots free now "
+              f"({hosts or 'no node joined with --trials yet: the study waits for one'})")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn()) as bar:
-        controller = Controller(study, study_dir, say=bar.console.print)
+        controller = Controller(study, study_dir, say=bar.console.print, launcher=launcher)
         tasks = {s["name"]: bar.add_task(s["name"], total=s["trials_at_most"])
                  for s in controller.plan["stages"] if "trials_at_most" in s}
         try:
@@ -207,7 +254,8 @@ def cmd_ask(args) -> int:
     if not args.yes:
         print(f"review it, then: actorjet research run {out}")
         return 0
-    return cmd_run(argparse.Namespace(study=str(out), dir=args.dir, follow_ups=0))
+    return cmd_run(argparse.Namespace(study=str(out), dir=args.dir, follow_ups=0, head=args.head,
+                                      token_file=args.token_file))
 
 
 def cmd_knobs(args) -> int:

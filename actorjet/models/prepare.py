@@ -103,16 +103,17 @@ def model_config_here(job: dict, name: str, claim_gpu: bool = False) -> dict:
     return cfg
 
 
-def prepare(job: dict, progress=None) -> dict:
+def prepare(job: dict, progress=None, seed: int | None = None) -> dict:
     """Resolve every model to a local directory before the tree starts, so actors never race
-    to build the same model.
+    to build the same model.  ``seed``: build the models from this seed rather than the job's
+    own (a research trial on another machine builds the study's one starting model).
 
     Building runs in a child process: torch's thread pools must never start in the head
     process, because every actor is forked from it and a forked OpenMP pool deadlocks."""
     check_tasks(job)
     for model in job["models"]:
         try:
-            model["path"] = build_model(model["source"], job["train"]["seed"], progress)
+            model["path"] = build_model(model["source"], job["train"]["seed"] if seed is None else seed, progress)
         except UserError as e:
             raise UserError(f"model {model['name']!r}: {str(e).partition(': ')[2]}") from None
     return job

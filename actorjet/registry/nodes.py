@@ -18,6 +18,7 @@ class Node:
     slots: int
     cpus: int = 0
     gpus: int = 0
+    trials: int = 0                # research trial heads it hosts at once (join --trials)
     is_head: bool = False
     alive: bool = True
     link: object = None            # NodeLink address on that node
@@ -27,10 +28,11 @@ class Node:
     joined_at: float = field(default_factory=time.time)
     rejected_frames: int = 0       # actor frames that node dropped unauthenticated (runtime/frames.py)
     load: dict = field(default_factory=dict)   # cpu_percent, memory_percent (runtime/load.py)
+    trial_host: object = None      # its TrialHost actor, once a trial was placed there
 
     def public(self) -> dict:
         return {"node_id": self.node_id, "name": self.name, "alive": self.alive,
-                "slots": self.slots, "cpus": self.cpus, "gpus": self.gpus,
+                "slots": self.slots, "cpus": self.cpus, "gpus": self.gpus, "trials": self.trials,
                 "head": self.is_head, "lost_reason": self.lost_reason, "rejected_frames": self.rejected_frames,
                 **self.load}
 
@@ -55,7 +57,7 @@ class NodeTable:
 
     def admit(self, caps: dict, admission: str, is_head: bool = False) -> Node:
         node = Node(node_id=caps["node_id"], name=caps["name"], slots=int(caps.get("slots", 0)),
-                    cpus=int(caps.get("cpus", 0)), gpus=int(caps.get("gpus", 0)),
+                    cpus=int(caps.get("cpus", 0)), gpus=int(caps.get("gpus", 0)), trials=int(caps.get("trials", 0)),
                     is_head=is_head, admission=admission)
         self.nodes[node.node_id] = node
         return node

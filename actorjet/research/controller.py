@@ -12,15 +12,12 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from actorjet.monitor import metrics
-from actorjet.research import processes, plan as planning
+from actorjet.research import plan as planning
 from actorjet.research import stats
+from actorjet.research.launchers import LocalTrials
 from actorjet.research.study_db import StudyRegistry
 from actorjet.research.study_spec import apply, distributions, within
 
@@ -41,21 +38,25 @@ def score(evals: list, metric: dict, steps: int) -> float | None:
 
 
 class Controller:
-    def __init__(self, study: dict, study_dir: str | Path, say=print):
+    """``launcher``: where trials run (launchers.py): this machine by default, or a swarm's nodes."""
+
+    def __init__(self, study: dict, study_dir: str | Path, say=print, launcher=None):
         self.study, self.dir, self.say = study, Path(study_dir), say
         self.reg = StudyRegistry(self.dir)
         if self.reg.bind(study):
             self.reg.put("plan", planning.make_plan(study))
         self.plan = self.reg.get("plan")
         self.deadline = self.reg.get("started") + study["budget"]["max_wall_s"]
-        self.running: dict[int, tuple[subprocess.Popen, object]] = {}     # trial id → (process, optuna trial)
-        self.slot_of: dict[int, int] = {}          # trial id → its slot (of budget.parallel): fixes its port
+        self.launcher = launcher or LocalTrials(study, self.dir)
+        self.running: dict[int, tuple[object, object]] = {}     # trial id → (launcher's handle, optuna trial)
         self.steps = study["base_job"]["train"]["steps"]
         self.out_of_budget = ""
-        from actorjet.models.prepare import prepare
+        self.model_paths = {}             # on a swarm each node builds the study's model from its seed
+        if isinstance(self.launcher, LocalTrials):
+            from actorjet.models.prepare import prepare
 
-        prepared = prepare(copy.deepcopy(study["base_job"]))
-        self.model_paths = {m["name"]: m["path"] for m in prepared["models"]}
+            prepared = prepare(copy.deepcopy(study["base_job"]))
+            self.model_paths = {m["name"]: m["path"] for m in prepared["models"]}
 
     # -- the stages ---------------------------------------------------------------------------
     def run(self, progress=None) -> dict:
@@ -106,7 +107,7 @@ class Controller:
             for t in self.reg.trials("explore", "queued"):     # in flight when the controller died, or retried
                 if self._free() and not self._over():
                     self._start(t, self._ask(t["params"]))
-            while self._free() and asked < n and not self._over():
+            while not self.reg.trials("explore", "queued") and self._free() and asked < n and not self._over():
                 trial = self._ask(None)
                 params = {name: trial.params[name] for name in self.study["knobs"]}
                 job = self._job(params, seed, "validation")
@@ -237,7 +238,8 @@ class Controller:
         job = apply(self.study["base_job"], params)
         job["train"]["seed"] = seed
         for model in job["models"]:
-            model["path"] = self.model_paths[model["name"]]
+            if model["name"] in self.model_paths:
+                model["path"] = self.model_paths[model["name"]]
             model["eval_split"] = split
         return job
 
@@ -252,15 +254,15 @@ class Controller:
                 if not self._free() or self._over():
                     break
                 self._start(t, None)
-            if not self.running:
-                return
+            if not self.running and (self._over() or not self.reg.trials(stage, "queued")):
+                return                   # (a swarm with no free trial slot yet: its trials wait)
             self._poll()
 
     def _trial(self, tid: int) -> dict:
         return next(t for t in self.reg.trials() if t["id"] == tid)
 
     def _free(self) -> bool:
-        return len(self.running) < self.study["budget"]["parallel"]
+        return self.launcher.room()
 
     def _over(self) -> bool:
         launched = sum(1 for t in self.reg.trials() if t["attempts"] > 0)
@@ -271,63 +273,63 @@ class Controller:
         return bool(self.out_of_budget)
 
     def _start(self, t: dict, optuna_trial) -> None:
-        run_dir = self.dir / "trials" / f"{t['id']:04d}-{t['stage']}-{t['arm'].replace(' ', '_')}-s{t['seed']}"
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        (run_dir / "job.json").write_text(json.dumps(t["job"]))
-        slot = min(set(range(self.study["budget"]["parallel"])) - set(self.slot_of.values()))
-        where = self.study.get("trials", {})
-        port = where.get("port") and where["port"] + 2 * slot          # +1 is the head's door
-        (run_dir / "trial.json").write_text(json.dumps({**where, "port": port}))
-        log = open(run_dir / "trial.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(run_dir)], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        self.reg.update(t["id"], state="running", attempts=t["attempts"] + 1, run_dir=str(run_dir), pid=proc.pid,
-                        started=time.time(), evals=[])
+        started = self.launcher.start(t)
+        if started is None:               # no room after all (a swarm shared with others): stays queued
+            if optuna_trial is not None:
+                from optuna.trial import TrialState
+
+                self.optuna.tell(optuna_trial, state=TrialState.FAIL)
+            return
+        handle, fields = started
+        self.reg.update(t["id"], state="running", attempts=t["attempts"] + 1, started=time.time(), evals=[], **fields)
         if optuna_trial is not None:
             self.reg.update(t["id"], optuna=optuna_trial.number)
-        self.running[t["id"]] = (proc, optuna_trial)
-        self.slot_of[t["id"]] = slot
-        self.say(f"trial {t['id']} ({t['stage']}, {t['arm']}, seed {t['seed']}) started")
+        self.running[t["id"]] = (handle, optuna_trial)
+        self.say(f"trial {t['id']} ({t['stage']}, {t['arm']}, seed {t['seed']}) started"
+                 + (f" on {fields['run_dir'].partition(':')[0]}" if fields["pid"] is None else ""))
 
     def _poll(self) -> None:
         time.sleep(POLL_S)
         import optuna
 
-        for tid, (proc, ot) in list(self.running.items()):
+        for tid, (handle, ot) in list(self.running.items()):
             t = self._trial(tid)
-            evals = [(r["step"], r["accuracy"]) for r in metrics.read(t["run_dir"]) if r.get("kind") == "eval"]
+            look = self.launcher.look(t, handle)
+            evals = look.evals
             if len(evals) != len(t["evals"]):
                 self.reg.update(tid, evals=evals)
-                if ot is not None and evals[-1][0] > 0:
+                if ot is not None and evals[-1][0] > 0 and not look.over:
                     ot.report(evals[-1][1], evals[-1][0])
                     if ot.should_prune():
-                        processes.stop(proc)
-                        del self.running[tid], self.slot_of[tid]
+                        self.launcher.stop(t, handle)
+                        del self.running[tid]
                         self.reg.update(tid, state="pruned", finished=time.time(), metric=score(evals, self.study["metric"], self.steps))
                         self.optuna.tell(ot, state=optuna.trial.TrialState.PRUNED)
                         self.say(f"trial {tid} stopped early at step {evals[-1][0]} (pruner)")
                         self._advance(t)
                         continue
-            code = proc.poll()
-            if code is None:
+            if not look.over:
                 continue
-            processes.kill_group(proc.pid)        # the trial ended: nothing of its head may outlive it
-            del self.running[tid], self.slot_of[tid]
+            del self.running[tid]
             value = score(evals, self.study["metric"], self.steps)
-            if code == 0 and value is not None:
+            if look.lost:                 # not the trial's fault: it runs again, and counts once
+                self.reg.update(tid, state="queued", pid=None, attempts=t["attempts"] - 1, log_tail=look.tail)
+                if ot is not None:
+                    self.optuna.tell(ot, state=optuna.trial.TrialState.FAIL)
+                self.say(f"trial {tid} lost ({look.tail}); it runs again on another node")
+                continue
+            if look.code == 0 and value is not None:
                 self.reg.update(tid, state="done", metric=value, finished=time.time(), pid=None)
                 if ot is not None:
                     self.optuna.tell(ot, value)
                 self.say(f"trial {tid} done: {self._name()} {self._natural(value):.3f}")
             elif t["attempts"] < 2:
-                self.reg.update(tid, state="queued", pid=None, log_tail=_tail(t["run_dir"]))
+                self.reg.update(tid, state="queued", pid=None, log_tail=look.tail)
                 if ot is not None:
                     self.optuna.tell(ot, state=optuna.trial.TrialState.FAIL)
-                self.say(f"trial {tid} failed (exit {code}); retrying once")
+                self.say(f"trial {tid} failed (exit {look.code}); retrying once")
             else:
-                self.reg.update(tid, state="failed", pid=None, finished=time.time(), log_tail=_tail(t["run_dir"]))
+                self.reg.update(tid, state="failed", pid=None, finished=time.time(), log_tail=look.tail)
                 if ot is not None:
                     self.optuna.tell(ot, state=optuna.trial.TrialState.FAIL)
                 self.say(f"trial {tid} failed twice; recorded as failed (see {t['run_dir']}/trial.log)")
@@ -338,20 +340,23 @@ class Controller:
             self.progress(t["stage"])
 
     def _recover(self) -> None:
-        """After a killed controller: stop the trials it left running (their PIDs are in the
-        registry: only processes this study started), and queue them again."""
+        """After a killed controller: the trials it left running are stopped (by the PIDs the
+        registry holds: only processes this study started) and queued again, unless they
+        finished meanwhile where the launcher can tell (a swarm's head keeps their end)."""
         for t in self.reg.trials(state="running"):
-            if t["pid"]:
-                processes.stop_pid(t["pid"])
+            look = self.launcher.recover(t)
+            value = look and score(look.evals, self.study["metric"], self.steps)
+            if look is not None and not look.lost and look.code == 0 and value is not None:
+                self.reg.update(t["id"], state="done", evals=look.evals, metric=value, finished=time.time(), pid=None)
+                self.say(f"trial {t['id']} finished while the controller was down: {self._name()} "
+                         f"{self._natural(value):.3f}")
+                continue
             self.reg.update(t["id"], state="queued", pid=None, attempts=max(0, t["attempts"] - 1))
             self.say(f"trial {t['id']} was in flight when the controller stopped: it runs again")
         self._stop_strays()
 
     def _stop_strays(self) -> None:
-        """Trials of this study no registry row names (a controller killed between starting one
-        and writing its PID left one training on, its head beside it)."""
-        for pid in processes.strays(self.dir / "trials"):
-            processes.stop_pid(pid)
+        self.launcher.strays()
 
     # -- numbers ------------------------------------------------------------------------------------
     def _values(self, stage: str, arm: str) -> list[float]:
@@ -378,10 +383,3 @@ def _show(value) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k} = {_show(v)}" for k, v in value.items()) or "the base config"
     return f"{value:.3g}" if isinstance(value, float) else repr(value)
-
-
-def _tail(run_dir: str, lines: int = 30) -> str:
-    path = Path(run_dir) / "trial.log"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-

@@ -5,7 +5,8 @@ job until its last step is trained and evaluated.
 
 The controller writes ``RUN_DIR/job.json`` and ``RUN_DIR/trial.json`` (the study's ``[trials]``
 table with this trial's port: where the head listens, its token, tree and own runner slots;
-by default a free port on 127.0.0.1 and two runners of its own).
+by default a free port on 127.0.0.1 and two runners of its own).  On a swarm's node the
+node's TrialHost writes them (runner/trial_runs.py), with the seed of the study's model.
 
 The controller watches ``RUN_DIR/metrics.jsonl`` (the learner's periodic evals), never this
 process's output, and stops it by PID when the pruner says so.
@@ -34,12 +35,12 @@ def main(run_dir: str) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # stopped: the head is stopped cleanly
     run = Path(run_dir)
     job = json.loads((run / "job.json").read_text())
-    if not all(Path(m.get("path", "")).is_dir() for m in job["models"]):
-        prepare(job)               # the controller normally hands over the study's built model
-    else:
-        check_tasks(job)
-    steps = job["train"]["steps"]
     where = json.loads((run / "trial.json").read_text()) if (run / "trial.json").exists() else {}
+    if not all(m.get("path") and Path(m["path"]).is_dir() for m in job["models"]):
+        prepare(job, seed=where.get("model_seed"))   # on a swarm's node: the study's starting model, built here
+    else:
+        check_tasks(job)                              # the controller handed over the study's built model
+    steps = job["train"]["steps"]
     token = Path(where["token_file"]).read_text().strip() if where.get("token_file") else None
     tree = load_tree(where.get("tree") or tree_path("default.toml"))
     head = Head(run, tree, job, host=where.get("host", "127.0.0.1"), advertise=where.get("advertise") or None,

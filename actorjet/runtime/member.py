@@ -1,7 +1,7 @@
 """A joined node: its own actor system as a convention member, plus the join handshake.
 
-The member advertises capabilities (node_id, name, role, slots, cpus, gpus) and an HMAC
-of its node id under the join token.  It then waits for the head's verdict through its
+The member advertises capabilities (node_id, name, role, slots, research trials, cpus,
+gpus) and an HMAC of its node id under the join token.  It then waits for the head's verdict through its
 local NodeAgent; a wrong token or a taken name ends the join with a clear message and a
 non-zero exit, and nothing is placed on the node.
 """
@@ -28,15 +28,17 @@ def default_state_dir(name: str) -> Path:
 
 
 class Member:
-    def __init__(self, head: str, token: str, name: str, slots: int = 1, port: int | None = None,
+    def __init__(self, head: str, token: str, name: str, slots: int = 1, trials: int = 0, port: int | None = None,
                  state_dir: Path | None = None, timeout_s: float = 20.0, advertise: str | None = None):
         host, _, port_text = head.rpartition(":")
         if not host or not port_text.isdigit():
             raise UserError(f"HEAD must look like HOST:PORT, got {head!r}")
         if slots < 0:
             raise UserError("--slots must be >= 0")
+        if not 0 <= trials <= 64:
+            raise UserError("--trials must be from 0 to 64 (research trials this node hosts at once)")
         self.head_host, self.head_port = host, int(port_text)
-        self.token, self.name, self.slots = token, name, slots
+        self.token, self.name, self.slots, self.trials = token, name, slots, trials
         self.state_dir = Path(state_dir) if state_dir else default_state_dir(name)
         self.timeout_s = timeout_s
         self.port = port
@@ -52,7 +54,7 @@ class Member:
         self.port = self.port or system.free_port(bind)
         caps = {"Admin Port": self.port, "Convention Address.IPv4": (self.head_host, self.head_port),
                 "actorjet_role": "runner", "node_id": self.node_id, "name": self.name,
-                "slots": self.slots, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
+                "slots": self.slots, "trials": self.trials, "cpus": os.cpu_count() or 1, "gpus": gpu_count(),
                 "actorjet_auth": node_auth(self.token, self.node_id)}
         os.environ["ACTORJET_TOKEN"] = self.token      # this node's runners check behaviors with it
         rejected_before = frames.rejected_on_node(self.state_dir)

@@ -1,0 +1,212 @@
+"""Where a study's trials run: on the controller's machine, or on a swarm's nodes.
+
+The controller (controller.py) decides what runs and reads what happened; a launcher only
+starts, watches and stops trials.  Both kinds answer the same four questions:
+
+    room()            may one more trial start now?
+    start(t)          start trial ``t`` (a registry row): the handle and the row's new fields,
+                      or None when there was no room after all
+    look(t, handle)   its evals so far and, once it is over, how it ended
+    stop(t, handle)   stop it (the pruner)
+    recover(t)        after a killed controller: how a trial it left running ended, if it
+                      did and that can be known (a swarm keeps it), else None (it runs again)
+
+``LocalTrials``: each trial a process of this machine (research/trial.py), at most
+``budget.parallel`` at once.  ``SwarmTrials``: each trial submitted to a swarm's door
+(``--head``), placed by its registry on a node joined with ``--trials``; as many at once as
+the swarm has free trial slots, and a trial whose node is lost is reported ``lost``, so the
+controller runs it again, elsewhere (registry/trials.py).  Only the door is contacted: a
+controller on a laptop that can only connect out works.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actorjet.errors import UserError
+from actorjet.monitor import metrics
+from actorjet.research import processes
+
+
+@dataclass
+class Look:
+    evals: list = field(default_factory=list)     # [(step, accuracy)]
+    over: bool = False
+    code: int = 0                                  # exit status of the trial (0: trained and evaluated)
+    lost: bool = False                             # its node was lost: not the trial's fault
+    tail: str = ""                                 # the end of its log
+    where: str = ""
+
+
+class LocalTrials:
+    def __init__(self, study: dict, study_dir: Path):
+        self.study, self.dir = study, Path(study_dir)
+        self.parallel = study["budget"]["parallel"]
+        self.slot_of: dict[int, int] = {}          # trial id → its slot (of budget.parallel): fixes its port
+
+    def room(self) -> bool:
+        return len(self.slot_of) < self.parallel
+
+    def start(self, t: dict):
+        run_dir = self.dir / "trials" / f"{t['id']:04d}-{t['stage']}-{t['arm'].replace(' ', '_')}-s{t['seed']}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        (run_dir / "job.json").write_text(json.dumps(t["job"]))
+        slot = min(set(range(self.parallel)) - set(self.slot_of.values()))
+        where = self.study.get("trials", {})
+        port = where.get("port") and where["port"] + 2 * slot          # +1 is the head's door
+        (run_dir / "trial.json").write_text(json.dumps({**where, "port": port}))
+        with open(run_dir / "trial.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(run_dir)], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        self.slot_of[t["id"]] = slot
+        return proc, {"run_dir": str(run_dir), "pid": proc.pid}
+
+    def look(self, t: dict, proc: subprocess.Popen) -> Look:
+        evals = [(r["step"], r["accuracy"]) for r in metrics.read(t["run_dir"]) if r.get("kind") == "eval"]
+        code = proc.poll()
+        if code is None:
+            return Look(evals)
+        processes.kill_group(proc.pid)        # the trial ended: nothing of its head may outlive it
+        self.slot_of.pop(t["id"], None)
+        return Look(evals, over=True, code=code, tail=_tail(t["run_dir"]))
+
+    def stop(self, t: dict, proc: subprocess.Popen) -> None:
+        processes.stop(proc)
+        self.slot_of.pop(t["id"], None)
+
+    def recover(self, t: dict) -> None:
+        """A trial a killed controller left running: stop it by the PID the registry holds
+        (it runs again)."""
+        if t["pid"]:
+            processes.stop_pid(t["pid"])
+
+    def strays(self) -> None:
+        """Trials of this study no registry row names (a controller killed between starting one
+        and writing its PID left one training on, its head beside it)."""
+        for pid in processes.strays(self.dir / "trials"):
+            processes.stop_pid(pid)
+
+
+def _tail(run_dir: str, lines: int = 30) -> str:
+    path = Path(run_dir) / "trial.log"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def door_url(head: str) -> str:
+    """``http(s)://HOST:PORT`` as given, or the door of a head at HOST:PORT (its port + 1,
+    as `actorjet start` places it)."""
+    if head.startswith(("http://", "https://")):
+        return head.rstrip("/")
+    host, _, port = head.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--head must be HOST:PORT (the head's address) or the door's URL http://HOST:PORT, "
+                        f"got {head!r}")
+    return f"http://{host}:{int(port) + 1}"
+
+
+class SwarmTrials:
+    TIMEOUT_S = 15.0
+
+    def __init__(self, study: dict, study_dir: Path, head: str, token: str):
+        import hashlib
+
+        self.study, self.dir = study, Path(study_dir)
+        self.url, self.token = door_url(head), token
+        # every trial id this study submits starts with it: a resumed controller finds its own
+        self.key = f"{study['hash'][:8]}-{hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:6]}"
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        from actorjet.runtime import http_json
+
+        return http_json.request(method, self.url + path, body, self.token, self.TIMEOUT_S)
+
+    def check(self) -> dict:
+        """The swarm's trial capacity, or a UserError that says why it cannot be used."""
+        from actorjet.runtime.http_json import HttpError, Unreachable
+
+        try:
+            return self._call("GET", "/v1/actorjet/trials")["capacity"]
+        except Unreachable as e:
+            raise UserError(f"--head: cannot reach the head's door at {self.url}: {e.reason}") from None
+        except HttpError as e:
+            raise UserError(f"--head: the door at {self.url} answered {e.status}: {e.message}"
+                            + (" (--token-file holds another swarm's token?)" if e.status == 401 else "")) from None
+
+    def room(self) -> bool:
+        from actorjet.runtime.http_json import HttpError, Unreachable
+
+        try:
+            return self._call("GET", "/v1/actorjet/trials")["capacity"]["free"] > 0
+        except (HttpError, Unreachable):
+            return False
+
+    def start(self, t: dict):
+        from actorjet.runtime.http_json import HttpError, Unreachable
+
+        import secrets
+
+        remote = f"{self.key}-t{t['id']}-{secrets.token_hex(3)}"     # a re-run after a lost node: a new id
+        body = {"trial_id": remote, "job": t["job"], "slots": self.study.get("trials", {}).get("slots", 2),
+                "model_seed": self.study["base_job"]["train"]["seed"]}
+        try:
+            answer = self._call("POST", "/v1/actorjet/trials", body)
+        except Unreachable:
+            return None
+        except HttpError as e:
+            if e.status == 409 or e.status >= 500:
+                return None                   # no room after all, or its registry is restarting
+            raise UserError(f"the swarm refused trial {t['id']}: {e.message}") from None
+        return remote, {"run_dir": f"node {answer['node']}: trials/{remote}", "pid": None}
+
+    def look(self, t: dict, remote: str) -> Look:
+        from actorjet.runtime.http_json import HttpError, Unreachable
+
+        before = [tuple(e) for e in t["evals"]]
+        try:
+            body = self._call("GET", f"/v1/actorjet/trials/{remote}")
+        except Unreachable:
+            return Look(before)               # the head is out of reach for now: ask again
+        except HttpError as e:
+            if e.status == 404:               # a head whose registry restarted forgot it; its node stops it
+                return Look(before, over=True, lost=True, tail="the swarm's registry forgot the trial (restarted)")
+            return Look(before)
+        evals = [tuple(e) for e in body["evals"]]
+        if body["state"] in ("starting", "running", "stopping"):
+            return Look(evals, where=body["node"])
+        return Look(evals, over=True, code=1 if body["code"] is None else body["code"], lost=body["state"] == "lost",
+                    tail=body["log_tail"] or body["reason"], where=body["node"])
+
+    def stop(self, t: dict, remote: str) -> None:
+        from actorjet.runtime.http_json import HttpError, Unreachable
+
+        try:
+            self._call("DELETE", f"/v1/actorjet/trials/{remote}")
+        except (HttpError, Unreachable):
+            pass                              # its node stops it when its progress meets the registry
+
+    def recover(self, t: dict) -> Look | None:
+        """A trial a killed controller left running: how it ended if it did (a trial that
+        finished meanwhile is not run again), else None; strays() stops it if it still runs."""
+        remote = (t["run_dir"] or "").rpartition("trials/")[2]
+        if not remote:
+            return None
+        look = self.look(t, remote)
+        return look if look.over else None
+
+    def strays(self) -> None:
+        """Trials of this study the swarm still runs (a controller killed at any moment, even
+        between submitting one and writing its id): stopped by their ids' prefix."""
+        from actorjet.runtime.http_json import HttpError, Unreachable
+
+        try:
+            trials = self._call("GET", "/v1/actorjet/trials")["trials"]
+        except (HttpError, Unreachable):
+            return
+        for t in trials:
+            if t["trial_id"].startswith(self.key + "-") and t["state"] in ("starting", "running"):
+                self.stop(t, t["trial_id"])
