@@ -19,8 +19,8 @@ runner does.  Every call carries the cluster token.
                                errors: what `actorjet top` shows, from any machine
     POST /v1/actorjet/trials   {trial_id, job, model_seed, slots?}: run a research trial on a
                                node joined with --trials (201, or 409 when none is free)
-    GET  /v1/actorjet/trials   the swarm's trial capacity and every trial; GET …/trials/ID one
-                               trial (state, node, step, evals, exit code, log tail); DELETE
+    GET  /v1/actorjet/trials   the swarm's trial capacity and every trial (id, node, state, step,
+                               exit code); GET …/trials/ID one trial with its evals and log tail; DELETE
                                …/trials/ID stops it (registry/trials.py)
     GET  /healthz
 

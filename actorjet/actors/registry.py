@@ -226,7 +226,7 @@ class Registry(ManagedActor):
     def receiveMsg_TrialQuery(self, msg: tr.TrialQuery, sender):
         if not msg.trial_id:
             body = {"capacity": self.trials.capacity(self.table.alive()),
-                    "trials": [t.public() for t in self.trials.trials.values()]}
+                    "trials": [t.summary() for t in self.trials.trials.values()]}
             self.send(sender, tr.TrialAnswer(200, body, msg.tag))
             return
         t = self.trials.trials.get(msg.trial_id)

@@ -99,6 +99,11 @@ class Trial:
     reason: str = ""
     submitted: float = field(default_factory=time.time)
 
+    def summary(self) -> dict:
+        """What a list of every trial shows (the evals and log tail are read one trial at a time)."""
+        return {"trial_id": self.trial_id, "node": self.node, "state": self.state, "step": self.step,
+                "code": self.code, "reason": self.reason}
+
     def public(self) -> dict:
         return {"trial_id": self.trial_id, "node": self.node, "state": self.state, "step": self.step,
                 "evals": self.evals, "code": self.code, "log_tail": self.log_tail, "reason": self.reason}
