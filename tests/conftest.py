@@ -64,3 +64,14 @@ def network(swarm):
     finally:
         swarm.cleanup()
         net.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``long(minutes=N)`` start first, the longest first.  xdist hands tests to
+    its workers in this order, round robin at the start, and the five-minute soak handed out
+    near the end (test_soak.py sorts late) was a suite that waited minutes for it with its
+    other workers idle."""
+    def minutes(item) -> float:
+        mark = item.get_closest_marker("long")
+        return mark.kwargs.get("minutes", 1) if mark is not None else 0
+    items.sort(key=lambda item: -minutes(item))

@@ -42,6 +42,7 @@ class Sample:
     history_bytes: int           # of which its append-only history: metrics.jsonl, groups.jsonl
     rss: dict[int, tuple[str, int]]      # pid → (role, bytes)
     cpu: dict[int, float] = field(default_factory=dict)     # pid → CPU seconds (user + system) so far
+    parts: dict[str, int] = field(default_factory=dict)     # top-level entry of the run directory → bytes
 
 
 @dataclass
@@ -106,8 +107,12 @@ class Soak:
                         rss[p.pid] = (role, p.memory_info().rss)
                         times = p.cpu_times()
                         cpu[p.pid] = times.user + times.system
-        history = sum(_du(self.run / name) for name in HISTORY)
-        return Sample(time.time() - self.t0, self.step(), _du(self.run), history, rss, cpu)
+        parts = {}
+        for child in list(self.run.iterdir()) if self.run.is_dir() else []:
+            with contextlib.suppress(OSError):
+                parts[child.name] = _du(child)
+        history = sum(parts.get(name, 0) for name in HISTORY)
+        return Sample(time.time() - self.t0, self.step(), sum(parts.values()), history, rss, cpu, parts)
 
     # -- faults ----------------------------------------------------------------------------
     def fault(self, what: str) -> None:
@@ -174,6 +179,12 @@ class Soak:
         # once one is scored — is not growth; a trend is)
         disk_mid = max((b for t, b in state if warmup_s <= t < end - window_s), default=0)
         disk_end = max((b for t, b in state if t >= end - window_s), default=0)
+        # which parts of the run directory made the difference between those two highs
+        at = {b: s.parts for (t, b), s in zip(state, self.samples)}
+        mid_parts, end_parts = at.get(disk_mid, {}), at.get(disk_end, {})
+        moved = {name: (mid_parts.get(name, 0) / 2 ** 20, end_parts.get(name, 0) / 2 ** 20)
+                 for name in sorted(set(mid_parts) | set(end_parts)) if name not in HISTORY
+                 and abs(end_parts.get(name, 0) - mid_parts.get(name, 0)) >= 2 ** 19}
         steps = max(1, _steps_between(self.samples, 0, end))
         history_per_1k_steps = (self.samples[-1].history_bytes - self.samples[0].history_bytes) / steps * 1000
         rate = lambda a, b: _steps_between(self.samples, a, b) / max(1e-9, b - a) * 60  # noqa: E731
@@ -185,6 +196,7 @@ class Soak:
         return {"minutes": end / 60, "faults": self.faults, "processes": growth,
                 "max_growth": max((g["growth"] for g in growth.values()), default=0.0),
                 "disk_mb_before_last_window": disk_mid / 2 ** 20, "disk_mb_at_end": disk_end / 2 ** 20,
+                "disk_mb_moved_by_part": moved,
                 "history_mb_at_end": self.samples[-1].history_bytes / 2 ** 20,
                 "history_kb_per_1k_steps": history_per_1k_steps / 2 ** 10, "steps": steps,
                 "steps_per_min_first": first, "steps_per_min_last": last,
@@ -241,7 +253,10 @@ def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:
         ("largest memory growth after warm-up", f"{worst[1]['growth']:+.1%} ({worst[0]})", "≤ +10%",
          worst[1]["growth"] <= 0.10),
         ("run-dir disk but its history: high before the last window → in it",
-         f"{r['disk_mb_before_last_window']:.1f} → {r['disk_mb_at_end']:.1f} MB ({disk_change:+.0%})",
+         f"{r['disk_mb_before_last_window']:.1f} → {r['disk_mb_at_end']:.1f} MB ({disk_change:+.0%}; by part: "
+         + (", ".join(f"{k} {a:.1f} → {b:.1f}" for k, a, b in
+                      ((k, *v) for k, v in r.get("disk_mb_moved_by_part", {}).items())) or "none moved 0.5 MB")
+         + ")",
          "flat (≤ +10%)", disk_change <= 0.10),
         ("history (metrics.jsonl, groups.jsonl)", f"{r['history_mb_at_end']:.1f} MB, "
          f"{r['history_kb_per_1k_steps']:.0f} kB per 1,000 steps", "O(steps), by design", True),

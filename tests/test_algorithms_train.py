@@ -39,6 +39,7 @@ def tree() -> str:
         + "[[children]]" + runners
 
 
+@pytest.mark.long(minutes=3)
 def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(swarm, tmp_path):
     (tmp_path / "job.toml").write_text(job())
     (tmp_path / "tree.toml").write_text(tree())

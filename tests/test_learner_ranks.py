@@ -152,6 +152,7 @@ runner_concurrency = 64
 """
 
 
+@pytest.mark.long(minutes=1)
 @pytest.mark.slow
 @pytest.mark.netns
 def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, network, tmp_path):

@@ -202,6 +202,7 @@ def research(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+@pytest.mark.long(minutes=2)
 @pytest.mark.slow
 def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_path):
     spec = tmp_path / "mini.toml"

@@ -93,6 +93,7 @@ NEXT = {"question": "Does group size matter once lr is chosen?", "knobs": {"trai
         "explore_trials": 2, "why": "lr settled; the group size sets the baseline's noise"}
 
 
+@pytest.mark.long(minutes=2)
 @pytest.mark.slow
 def test_a_two_study_chain_killed_between_its_studies_resumes_with_no_trial_twice(tmp_path):
     planner = Planner()              # a scripted planner (test_research_ask.py): the follow-up is NEXT

@@ -19,6 +19,7 @@ FAULT_EVERY_S, FAULTS_FROM_S, FAULTS_UNTIL_S = 25, 110, 220    # faults at 110, 
 WALL_CLOCK = "steps per minute"           # printed: the neighbours decide it here
 
 
+@pytest.mark.long(minutes=5)
 def test_five_minutes_with_every_fault_leave_memory_and_disk_flat_and_lose_nothing(swarm, network, tmp_path):
     soak = Soak(swarm, network, tmp_path)
     soak.start()

@@ -23,6 +23,7 @@ STEPS = 30
 TINY_VOCAB = 21          # tiny-arith's character tokenizer
 
 
+@pytest.mark.long(minutes=3)
 def test_two_models_train_on_their_own_calls_and_both_learn(swarm, network, tmp_path):
     job = (REPO / "agents" / "team.toml").read_text().replace("steps = 60", f"steps = {STEPS}").replace(
         "[train]", "[train]\nkeep_trajectories = true")          # retention archives what it deletes
