@@ -127,20 +127,25 @@ def test_sigkill_of_the_learner_and_the_gateway_during_retention_loses_nothing(t
             time.sleep(0.05)
 
     rng = random.Random(0)
+    died = []                                  # workers that ended by themselves: a crash (they loop forever)
     try:
         start("gateway")
         start("learner")
         for _ in range(12):                    # kill one of them at a random moment, restart it
             time.sleep(rng.uniform(0.3, 1.2))
             role = rng.choice(["gateway", "learner"])
+            if procs[role].poll() is not None:
+                died.append((role, procs[role].returncode))
             procs[role].send_signal(signal.SIGKILL)
             procs[role].wait()
             start(role)
         time.sleep(1.0)
+        died += [(role, p.returncode) for role, p in procs.items() if p.poll() is not None]
     finally:
         for p in procs.values():
             p.kill()
             p.wait()
+    assert not died, f"workers crashed by themselves (see their tracebacks above): {died}"
     # the history the surviving weights saw: per step, what the last learner that reached it
     # trained (a restarted learner rewinds to its checkpoint and trains the steps after it again)
     history: dict[int, list] = {}

@@ -30,6 +30,7 @@ from pathlib import Path
 from actorjet.errors import UserError
 from actorjet.monitor import metrics
 from actorjet.research import processes
+from actorjet.runtime import system
 
 
 @dataclass
@@ -72,11 +73,13 @@ class LocalTrials:
         if code is None:
             return Look(evals)
         processes.kill_group(proc.pid)        # the trial ended: nothing of its head may outlive it
+        system.kill_head_of(t["run_dir"])
         self.slot_of.pop(t["id"], None)
         return Look(evals, over=True, code=code, tail=_tail(t["run_dir"]))
 
     def stop(self, t: dict, proc: subprocess.Popen) -> None:
         processes.stop(proc)
+        system.kill_head_of(t["run_dir"])
         self.slot_of.pop(t["id"], None)
 
     def recover(self, t: dict) -> None:

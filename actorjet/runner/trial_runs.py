@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from actorjet.monitor import metrics
+from actorjet.runtime import system
 
 STOP_GRACE_S = 20.0
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -88,6 +89,7 @@ class TrialRuns:
         for run in self.runs.values():
             kill_group(run.proc.pid)
             run.proc.wait()
+            system.kill_head_of(run.dir)
         self.runs.clear()
 
     def poll(self) -> list[tuple]:
@@ -108,6 +110,7 @@ class TrialRuns:
                 code = run.proc.wait()
             if code is not None:
                 kill_group(run.proc.pid)          # nothing of its head may outlive it
+                system.kill_head_of(run.dir)      # (its actor system is a session of its own)
                 del self.runs[trial_id]
                 out.append(("ended", trial_id, code, tail(run.dir / "trial.log")))
         return out

@@ -213,6 +213,31 @@ def system_processes(port: int) -> list[psutil.Process]:
     return procs
 
 
+def kill_head_of(run_dir: str | Path) -> list[int]:
+    """SIGKILL the actor system of the head whose run directory this is, if it outlived the
+    process that embedded it.  Its admin daemonizes into a session of its own, so stopping the
+    embedding process's group does not reach it (a research trial's head, pruned while it
+    stopped slowly on a busy machine, trained on; seen in the chain test).  Only a system
+    whose admin (``head.json``) still names ``run_dir`` on its command line is touched."""
+    import json
+
+    try:
+        info = json.loads((Path(run_dir) / "head.json").read_text())
+        admin = psutil.Process(int(info["admin_pid"]))
+        if str(run_dir) not in " ".join(admin.cmdline()):
+            return []               # gone, and its PID reused by something that is not ours
+        sid = os.getsid(admin.pid)
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return []
+    killed = []
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getsid(p.pid) == sid:
+                p.kill()
+                killed.append(p.pid)
+    return killed
+
+
 def shutdown_system(port: int, timeout_s: float = 10.0, token: str | None = None) -> bool:
     """Stop the system on ``port`` politely (only possible with its token), then by signal
     if it does not go away."""

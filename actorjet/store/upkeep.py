@@ -60,7 +60,7 @@ def retain(store, step: int, archive: Path | None = None, keep_closed_s: float =
     with store.lock:      # (a pragma that returns rows runs only as far as they are read)
         store.db.execute("PRAGMA incremental_vacuum").fetchall()
         store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()     # best effort: readers may hold it
-    log.info("%s: retention at step %d: %d groups (%d episodes) left the episode store%s", store.path.name, step,
+    log.info("%s: retention at step %d: %d groups (%d episodes) left the episode store%s", Path(str(store.path)).name, step,
              len(ids), episodes, f", appended to {archive}" if archive else "")
     return {"groups": len(ids), "episodes": episodes}
 
