@@ -14,7 +14,10 @@ import urllib.request
 
 import pytest
 
+from rich.console import Console
+
 from actorjet.actors.door import check_trial
+from actorjet.cli.tables import print_status
 from actorjet.registry.nodes import Node
 from actorjet.registry.trials import TrialBook, TrialEnded, TrialProgress
 from actorjet.serving.openai_api import ApiError
@@ -78,6 +81,12 @@ def door_trials(url: str, token: str) -> dict:
         return json.loads(r.read())
 
 
+def door_status(url: str, token: str) -> dict:
+    req = urllib.request.Request(f"{url}/v1/actorjet/status", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["status"]
+
+
 @pytest.mark.slow
 def test_trials_run_on_a_swarms_nodes_and_a_lost_nodes_trial_runs_again_elsewhere(swarm, network, tmp_path):
     head, alpha, beta, laptop = (network.host(n) for n in ("head", "alpha", "beta", "laptop"))
@@ -97,6 +106,13 @@ def test_trials_run_on_a_swarms_nodes_and_a_lost_nodes_trial_runs_again_elsewher
     on_alpha = wait_until(lambda: next((t for t in door_trials(door, token)["trials"]
                                         if t["node"] == "alpha" and t["state"] == "running"), None),
                           300, interval_s=0.2, what="a trial training on alpha")
+    shown = door_status(door, token)                      # `actorjet status`/`top` show the trials too
+    assert shown["trials"]["capacity"]["total"] == 2 and on_alpha["trial_id"] in [
+        t["trial_id"] for t in shown["trials"]["active"]], shown["trials"]
+    console = Console(record=True, width=300)
+    print_status(shown, console)
+    text = console.export_text()
+    assert "research trials" in text and on_alpha["trial_id"] in text
     swarm.kill_host(alpha)                                # the machine dies under its trial
     controller.wait_for(r"lost \(node alpha lost: no heartbeat", 120)
     said = " ".join(controller.output.split())               # (the progress console wraps long lines)

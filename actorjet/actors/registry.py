@@ -207,7 +207,9 @@ class Registry(ManagedActor):
                 "runners": runners,
                 "actors": actors,
                 "restarts": self.restarts,
-                "waiting": dict(self.waiting)}      # path → the placement no live node matches
+                "waiting": dict(self.waiting),      # path → the placement no live node matches
+                "trials": {"capacity": self.trials.capacity(self.table.alive()),     # research trials on nodes
+                           "active": [t.summary() for t in self.trials.trials.values() if t.state in tr.ACTIVE]}}
         data.update(self.desk.status())
         self.send(sender, m.Status(data))
 

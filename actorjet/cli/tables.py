@@ -17,13 +17,21 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
         want = ", ".join(f"{k} = {v!r}" for k, v in placement.items())
         console.print(f"[yellow]WAITING: {escape(path)} for a node with {escape(want)}[/]")
     nodes = Table(title="nodes")
-    for col in ("name", "node_id", "alive", "slots", "cpus", "gpus", "note"):
+    for col in ("name", "node_id", "alive", "slots", "trials", "cpus", "gpus", "note"):
         nodes.add_column(col)
     for n in data.get("nodes", []):
         nodes.add_row(n["name"], n["node_id"], "yes" if n["alive"] else "[red]lost[/red]",
-                      str(n["slots"]), str(n.get("cpus", "")), str(n.get("gpus", "")),
+                      str(n["slots"]), str(n.get("trials", 0)), str(n.get("cpus", "")), str(n.get("gpus", "")),
                       n.get("lost_reason", ""))
     console.print(nodes)
+    active = (data.get("trials") or {}).get("active") or []
+    if active:                                  # research trials this swarm hosts (registry/trials.py)
+        trials = Table(title="research trials")
+        for col in ("trial", "node", "state", "learner step"):
+            trials.add_column(col)
+        for t in active:
+            trials.add_row(t["trial_id"], t["node"], t["state"], str(t["step"]))
+        console.print(trials)
     runners = Table(title="runners")
     for col in ("id", "node_id", "state", "behaviors"):
         runners.add_column(col)
