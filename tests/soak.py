@@ -25,6 +25,7 @@ import psutil
 
 import hosts
 import jobs
+from actorjet.config import MODEL_DEFAULTS
 from swarm import REPO, Swarm
 
 FAULTS = ("runner", "learner", "gateway", "netcut", "head")
@@ -32,6 +33,8 @@ CUT_S = 10.0
 NODE_TIMEOUT_S = 6.0            # the default of `actorjet start`
 GROUPS = 8
 HISTORY = ("metrics.jsonl", "groups.jsonl")     # one line per step / per group, kept for good
+KEEP_LAST = MODEL_DEFAULTS["checkpoint_keep_last"]    # the soak's job keeps the defaults
+KEEP_BEST = MODEL_DEFAULTS["checkpoint_keep_best"]
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Sample:
     rss: dict[int, tuple[str, int]]      # pid → (role, bytes)
     cpu: dict[int, float] = field(default_factory=dict)     # pid → CPU seconds (user + system) so far
     parts: dict[str, int] = field(default_factory=dict)     # top-level entry of the run directory → bytes
+    checkpoints: int = 0         # checkpoint directories of the busiest model at once
 
 
 @dataclass
@@ -112,7 +116,8 @@ class Soak:
             with contextlib.suppress(OSError):
                 parts[child.name] = _du(child)
         history = sum(parts.get(name, 0) for name in HISTORY)
-        return Sample(time.time() - self.t0, self.step(), sum(parts.values()), history, rss, cpu, parts)
+        checkpoints = max((len(list(m.glob("step_*"))) for m in (self.run / "checkpoints").glob("*")), default=0)
+        return Sample(time.time() - self.t0, self.step(), sum(parts.values()), history, rss, cpu, parts, checkpoints)
 
     # -- faults ----------------------------------------------------------------------------
     def fault(self, what: str) -> None:
@@ -174,7 +179,10 @@ class Soak:
             growth[f"{after[0][1]} ({pid})"] = {"rss_mb_at_warmup": base / 2 ** 20, "rss_mb_at_end": last / 2 ** 20,
                                                 "growth": last / base - 1, "judged_s": after[-1][0] - after[0][0],
                                                 "slope_mb_per_h": (last - base) / 2 ** 20 / max(1e-9, (end - after[0][0]) / 3600)}
-        state = [(s.t, s.disk_bytes - s.history_bytes) for s in self.samples]   # what retention bounds
+        # what retention bounds by bytes; checkpoints it bounds by count (judged below): a
+        # sample that catches one being written before the oldest goes holds one more, and
+        # 3 s samples catch that moment by chance (a whole checkpoint: +12 MB, +17% here)
+        state = [(s.t, s.disk_bytes - s.history_bytes - s.parts.get("checkpoints", 0)) for s in self.samples]
         # flat: the last window sets no new high (a bounded step earlier — keep_best's checkpoint
         # once one is scored — is not growth; a trend is)
         disk_mid = max((b for t, b in state if warmup_s <= t < end - window_s), default=0)
@@ -183,7 +191,7 @@ class Soak:
         at = {b: s.parts for (t, b), s in zip(state, self.samples)}
         mid_parts, end_parts = at.get(disk_mid, {}), at.get(disk_end, {})
         moved = {name: (mid_parts.get(name, 0) / 2 ** 20, end_parts.get(name, 0) / 2 ** 20)
-                 for name in sorted(set(mid_parts) | set(end_parts)) if name not in HISTORY
+                 for name in sorted(set(mid_parts) | set(end_parts)) if name not in HISTORY + ("checkpoints",)
                  and abs(end_parts.get(name, 0) - mid_parts.get(name, 0)) >= 2 ** 19}
         steps = max(1, _steps_between(self.samples, 0, end))
         history_per_1k_steps = (self.samples[-1].history_bytes - self.samples[0].history_bytes) / steps * 1000
@@ -197,6 +205,7 @@ class Soak:
                 "max_growth": max((g["growth"] for g in growth.values()), default=0.0),
                 "disk_mb_before_last_window": disk_mid / 2 ** 20, "disk_mb_at_end": disk_end / 2 ** 20,
                 "disk_mb_moved_by_part": moved,
+                "checkpoints_at_once": max((s.checkpoints for s in self.samples), default=0),
                 "history_mb_at_end": self.samples[-1].history_bytes / 2 ** 20,
                 "history_kb_per_1k_steps": history_per_1k_steps / 2 ** 10, "steps": steps,
                 "steps_per_min_first": first, "steps_per_min_last": last,
@@ -252,7 +261,10 @@ def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:
         ("minutes, faults", f"{r['minutes']:.1f}, {len(r['faults'])}", "≥ 60, one per 5 min", True),
         ("largest memory growth after warm-up", f"{worst[1]['growth']:+.1%} ({worst[0]})", "≤ +10%",
          worst[1]["growth"] <= 0.10),
-        ("run-dir disk but its history: high before the last window → in it",
+        ("checkpoints on disk at once, most", f"{r.get('checkpoints_at_once', 0)} (keep_last {KEEP_LAST} + "
+         f"keep_best {KEEP_BEST} + 1 being written)", f"≤ {KEEP_LAST + KEEP_BEST + 1}",
+         r.get("checkpoints_at_once", 0) <= KEEP_LAST + KEEP_BEST + 1),
+        ("run-dir disk but its history and checkpoints: high before the last window → in it",
          f"{r['disk_mb_before_last_window']:.1f} → {r['disk_mb_at_end']:.1f} MB ({disk_change:+.0%}; by part: "
          + (", ".join(f"{k} {a:.1f} → {b:.1f}" for k, a, b in
                       ((k, *v) for k, v in r.get("disk_mb_moved_by_part", {}).items())) or "none moved 0.5 MB")
