@@ -85,8 +85,9 @@ if role == "gateway":
     while True:
         record_group(store, g)
         g += 1
-        with open(os.path.join(run, "next_group"), "w") as f:
-            f.write(str(g))
+        with open(os.path.join(run, "next_group.tmp"), "w") as f:     # whole or not at all: a kill
+            f.write(str(g))                                            # between truncate and write left
+        os.replace(os.path.join(run, "next_group.tmp"), os.path.join(run, "next_group"))   # '' once
 else:
     ckpt = os.path.join(run, "checkpoint")
     step = int(open(ckpt).read()) if os.path.exists(ckpt) else 0
