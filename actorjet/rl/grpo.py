@@ -73,7 +73,7 @@ def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.T
     return {k: v.to(device) for k, v in out.items()}
 
 
-PER_TERM = ("weights", "prox", "ref", "values", "returns")
+PER_TERM = ("weights", "prox", "ref", "values", "returns", "seq")
 
 
 def _sharded(model) -> bool:
@@ -168,7 +168,9 @@ def policy_loss(model, batch: dict, algo: Algorithm, ref_model=None, critic=None
     new = term_logprobs(model, batch, hidden)
     behind = batch["prox"] if "prox" in batch else batch["old_logprobs"]
     log_ratio = new - behind
-    if algo.sequence_ratio:           # GSPO: exp(mean log ratio of the call), its gradient per token
+    if algo.sequence_ratio and "seq" in batch:      # GSPO: exp(mean log ratio of the call, over the
+        log_ratio = batch["seq"] + new - new.detach()    # whole step: first_pass), its gradient per token
+    elif algo.sequence_ratio:
         calls, index = torch.unique(batch["term_call"], return_inverse=True)
         total = torch.zeros(len(calls), dtype=log_ratio.dtype).index_add(0, index, log_ratio.detach())
         count = torch.zeros(len(calls), dtype=log_ratio.dtype).index_add(0, index, torch.ones_like(log_ratio))
@@ -216,7 +218,7 @@ def first_pass(model, samples: list[dict], algo: Algorithm, pad_id: int, ref_mod
     reward), the critic's values (``values``, PPO) — then the per-token advantages
     (rl/token_credit.py).  Every rank runs every chunk, so sharded collectives stay in step."""
     wants = {"prox": algo.tis_cap > 0, "ref": algo.kl > 0 and algo.kl_in == "reward" and ref_model is not None,
-             "values": critic is not None}
+             "values": critic is not None, "seq": algo.sequence_ratio}
     if not any(wants.values()) and not algo.token_credit:
         return samples
     device = next(model.parameters()).device
@@ -225,19 +227,38 @@ def first_pass(model, samples: list[dict], algo: Algorithm, pad_id: int, ref_mod
         for chunk in chunks or micro_batches(samples, algo.micro_batch_tokens):
             batch = collate(chunk, pad_id, device)
             hidden: list | None = [] if wants["values"] else None
-            got = {"prox": term_logprobs(model, batch, hidden) if wants["prox"] or wants["values"] else None,
-                   "ref": term_logprobs(ref_model, batch) if wants["ref"] else None,
+            new = term_logprobs(model, batch, hidden) if wants["prox"] or wants["values"] or wants["seq"] else None
+            got = {"prox": new, "seq": new, "ref": term_logprobs(ref_model, batch) if wants["ref"] else None,
                    "values": critic.values(batch, model_mask(model, batch), hidden[0]) if wants["values"] else None}
             at = 0
             for s in chunk:
                 n = len(s["terms"])
                 found[id(s)] = {k: v[at:at + n].tolist() for k, v in got.items() if v is not None and wants[k]}
                 at += n
-    keys = [k for k, on in wants.items() if on]
+    keys = [k for k, on in wants.items() if on and k != "seq"]
     samples = [dict(s, **found[id(s)]) for s in samples]
+    if wants["seq"]:
+        samples = sequence_log_ratios(samples, wants["prox"])
     if algo.token_credit:
         samples = token_credit.assign(samples, algo, {k: [s[k] for s in samples] for k in keys})
     return samples
+
+
+def sequence_log_ratios(samples: list[dict], against_prox: bool) -> list[dict]:
+    """GSPO's log ratio of each call: the mean over *all* its terms of logπ_new − logπ_behind.
+    Packing can put a call's terms in several samples (tree-split carries a shared token's term
+    to its first child's sample), and micro-batching or ranks can put those samples in different
+    passes: a mean taken per pass saw part of the call (found by test_context's property test:
+    a gradient 0.75 away from the unpacked one)."""
+    sums: dict[tuple, list[float]] = {}
+    keys = [[(t.call, -1) if t.call >= 0 else (-1, si) for t in s["terms"]] for si, s in enumerate(samples)]
+    for s, row in zip(samples, keys):
+        behind = s["prox"] if against_prox else [t.old_logprob for t in s["terms"]]
+        for key, new, old in zip(row, s["seq"], behind):
+            acc = sums.setdefault(key, [0.0, 0.0])
+            acc[0] += new - old
+            acc[1] += 1.0
+    return [dict(s, seq=[sums[key][0] / sums[key][1] for key in row]) for s, row in zip(samples, keys)]
 
 
 def explained_variance(samples: list[dict]) -> float:
