@@ -280,13 +280,12 @@ class Controller:
 
                 self.optuna.tell(optuna_trial, state=TrialState.FAIL)
             return
-        handle, fields = started
+        handle, fields, where = started
         self.reg.update(t["id"], state="running", attempts=t["attempts"] + 1, started=time.time(), evals=[], **fields)
         if optuna_trial is not None:
             self.reg.update(t["id"], optuna=optuna_trial.number)
         self.running[t["id"]] = (handle, optuna_trial)
-        self.say(f"trial {t['id']} ({t['stage']}, {t['arm']}, seed {t['seed']}) started"
-                 + (f" on {fields['run_dir'].partition(':')[0]}" if fields["pid"] is None else ""))
+        self.say(f"trial {t['id']} ({t['stage']}, {t['arm']}, seed {t['seed']}) started{where}")
 
     def _poll(self) -> None:
         time.sleep(POLL_S)

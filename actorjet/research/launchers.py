@@ -4,8 +4,8 @@ The controller (controller.py) decides what runs and reads what happened; a laun
 starts, watches and stops trials.  Both kinds answer the same four questions:
 
     room()            may one more trial start now?
-    start(t)          start trial ``t`` (a registry row): the handle and the row's new fields,
-                      or None when there was no room after all
+    start(t)          start trial ``t`` (a registry row): the handle, the row's new fields and
+                      where it runs (for people), or None when there was no room after all
     look(t, handle)   its evals so far and, once it is over, how it ended
     stop(t, handle)   stop it (the pruner)
     recover(t)        after a killed controller: how a trial it left running ended, if it
@@ -21,16 +21,19 @@ controller on a laptop that can only connect out works.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from actorjet.errors import UserError
 from actorjet.monitor import metrics
 from actorjet.research import processes
-from actorjet.runtime import system
+from actorjet.runner.trial_runs import tail
+from actorjet.runtime.http_json import HttpError, Unreachable, request
 
 
 @dataclass
@@ -40,7 +43,6 @@ class Look:
     code: int = 0                                  # exit status of the trial (0: trained and evaluated)
     lost: bool = False                             # its node was lost: not the trial's fault
     tail: str = ""                                 # the end of its log
-    where: str = ""
 
 
 class LocalTrials:
@@ -65,21 +67,19 @@ class LocalTrials:
             proc = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(run_dir)], stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self.slot_of[t["id"]] = slot
-        return proc, {"run_dir": str(run_dir), "pid": proc.pid}
+        return proc, {"run_dir": str(run_dir), "pid": proc.pid}, ""
 
     def look(self, t: dict, proc: subprocess.Popen) -> Look:
         evals = [(r["step"], r["accuracy"]) for r in metrics.read(t["run_dir"]) if r.get("kind") == "eval"]
         code = proc.poll()
         if code is None:
             return Look(evals)
-        processes.kill_group(proc.pid)        # the trial ended: nothing of its head may outlive it
-        system.kill_head_of(t["run_dir"])
+        processes.ended(proc, t["run_dir"])
         self.slot_of.pop(t["id"], None)
-        return Look(evals, over=True, code=code, tail=_tail(t["run_dir"]))
+        return Look(evals, over=True, code=code, tail=tail(Path(t["run_dir"]) / "trial.log"))
 
     def stop(self, t: dict, proc: subprocess.Popen) -> None:
-        processes.stop(proc)
-        system.kill_head_of(t["run_dir"])
+        processes.stop(proc, t["run_dir"])
         self.slot_of.pop(t["id"], None)
 
     def recover(self, t: dict) -> None:
@@ -93,11 +93,6 @@ class LocalTrials:
         and writing its PID left one training on, its head beside it)."""
         for pid in processes.strays(self.dir / "trials"):
             processes.stop_pid(pid)
-
-
-def _tail(run_dir: str, lines: int = 30) -> str:
-    path = Path(run_dir) / "trial.log"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
 
 def door_url(head: str) -> str:
@@ -121,17 +116,14 @@ class SwarmTrials:
         self.study, self.dir = study, Path(study_dir)
         self.url, self.token = door_url(head), token
         # every trial id this study submits starts with it: a resumed controller finds its own
+        self.free, self.asked_at = 0, 0.0         # the swarm's free trial slots, when last asked
         self.key = f"{study['hash'][:8]}-{hashlib.sha256(str(self.dir.resolve()).encode()).hexdigest()[:6]}"
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        from actorjet.runtime import http_json
-
-        return http_json.request(method, self.url + path, body, self.token, self.TIMEOUT_S)
+        return request(method, self.url + path, body, self.token, self.TIMEOUT_S)
 
     def check(self) -> dict:
         """The swarm's trial capacity, or a UserError that says why it cannot be used."""
-        from actorjet.runtime.http_json import HttpError, Unreachable
-
         try:
             return self._call("GET", "/v1/actorjet/trials")["capacity"]
         except Unreachable as e:
@@ -141,18 +133,17 @@ class SwarmTrials:
                             + (" (--token-file holds another swarm's token?)" if e.status == 401 else "")) from None
 
     def room(self) -> bool:
-        from actorjet.runtime.http_json import HttpError, Unreachable
-
-        try:
-            return self._call("GET", "/v1/actorjet/trials")["capacity"]["free"] > 0
-        except (HttpError, Unreachable):
-            return False
+        """Free trial slots, asked at most once a second (the controller asks before every
+        start); a start that finds none after all is refused by the swarm with a 409."""
+        if time.monotonic() - self.asked_at > 1.0:
+            try:
+                self.free = self._call("GET", "/v1/actorjet/trials")["capacity"]["free"]
+            except (HttpError, Unreachable):
+                self.free = 0
+            self.asked_at = time.monotonic()
+        return self.free > 0
 
     def start(self, t: dict):
-        from actorjet.runtime.http_json import HttpError, Unreachable
-
-        import secrets
-
         remote = f"{self.key}-t{t['id']}-{secrets.token_hex(3)}"     # a re-run after a lost node: a new id
         body = {"trial_id": remote, "job": t["job"], "slots": self.study.get("trials", {}).get("slots", 2),
                 "model_seed": self.study["base_job"]["train"]["seed"]}
@@ -162,13 +153,13 @@ class SwarmTrials:
             return None
         except HttpError as e:
             if e.status == 409 or e.status >= 500:
+                self.free = 0
                 return None                   # no room after all, or its registry is restarting
             raise UserError(f"the swarm refused trial {t['id']}: {e.message}") from None
-        return remote, {"run_dir": f"node {answer['node']}: trials/{remote}", "pid": None}
+        self.free -= 1
+        return remote, {"run_dir": f"node {answer['node']}: trials/{remote}", "pid": None}, f" on node {answer['node']}"
 
     def look(self, t: dict, remote: str) -> Look:
-        from actorjet.runtime.http_json import HttpError, Unreachable
-
         before = [tuple(e) for e in t["evals"]]
         try:
             body = self._call("GET", f"/v1/actorjet/trials/{remote}")
@@ -180,13 +171,11 @@ class SwarmTrials:
             return Look(before)
         evals = [tuple(e) for e in body["evals"]]
         if body["state"] in ("starting", "running", "stopping"):
-            return Look(evals, where=body["node"])
+            return Look(evals)
         return Look(evals, over=True, code=1 if body["code"] is None else body["code"], lost=body["state"] == "lost",
-                    tail=body["log_tail"] or body["reason"], where=body["node"])
+                    tail=body["log_tail"] or body["reason"])
 
     def stop(self, t: dict, remote: str) -> None:
-        from actorjet.runtime.http_json import HttpError, Unreachable
-
         try:
             self._call("DELETE", f"/v1/actorjet/trials/{remote}")
         except (HttpError, Unreachable):
@@ -204,8 +193,6 @@ class SwarmTrials:
     def strays(self) -> None:
         """Trials of this study the swarm still runs (a controller killed at any moment, even
         between submitting one and writing its id): stopped by their ids' prefix."""
-        from actorjet.runtime.http_json import HttpError, Unreachable
-
         try:
             trials = self._call("GET", "/v1/actorjet/trials")["trials"]
         except (HttpError, Unreachable):

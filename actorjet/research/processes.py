@@ -7,29 +7,30 @@ a head's actor system can outlive the trial process (seen: one training on for t
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 from pathlib import Path
+
+from actorjet.runtime.system import kill_group, kill_head_of
 
 STOP_GRACE_S = 30.0
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, run_dir: str) -> None:
     proc.terminate()             # the trial stops its head cleanly on SIGTERM
     try:
         proc.wait(STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    kill_group(proc.pid)        # and whatever of its head outlived it (seen: a study's actor system
-    proc.wait()                  # training on for two hours after its trial had exited)
+    ended(proc, run_dir)
 
 
-def kill_group(pid: int) -> None:
-    """SIGKILL the process group a trial leads (started with start_new_session: ours alone)."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def ended(proc: subprocess.Popen, run_dir: str) -> None:
+    """Nothing of a trial that ended may outlive it (seen: a study's actor system training on
+    for two hours after its trial had exited): its group, and its head's actor system, which
+    runs in a session of its own."""
+    kill_group(proc.pid)
+    proc.wait()
+    kill_head_of(run_dir)
 
 
 def stop_pid(pid: int) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
-import os
 import re
 import shutil
 import signal
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from actorjet.monitor import metrics
 from actorjet.runtime import system
+from actorjet.runtime.lineage import PR_SET_PDEATHSIG
 
 STOP_GRACE_S = 20.0
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -35,12 +35,7 @@ SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 def _term_with_parent() -> None:
     """In the trial's process before exec: SIGTERM when the TrialHost's process dies."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)    # PR_SET_PDEATHSIG
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 @dataclass
@@ -87,7 +82,7 @@ class TrialRuns:
 
     def stop_all(self) -> None:
         for run in self.runs.values():
-            kill_group(run.proc.pid)
+            system.kill_group(run.proc.pid)
             run.proc.wait()
             system.kill_head_of(run.dir)
         self.runs.clear()
@@ -106,10 +101,10 @@ class TrialRuns:
                 out.append(("progress", trial_id, step, evals))
             code = run.proc.poll()
             if code is None and run.stop_by and time.monotonic() > run.stop_by:
-                kill_group(run.proc.pid)
+                system.kill_group(run.proc.pid)
                 code = run.proc.wait()
             if code is not None:
-                kill_group(run.proc.pid)          # nothing of its head may outlive it
+                system.kill_group(run.proc.pid)          # nothing of its head may outlive it
                 system.kill_head_of(run.dir)      # (its actor system is a session of its own)
                 del self.runs[trial_id]
                 out.append(("ended", trial_id, code, tail(run.dir / "trial.log")))

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -202,15 +203,22 @@ def admin_pid(port: int) -> int | None:
 def system_processes(port: int) -> list[psutil.Process]:
     """The admin on ``port`` and every actor process of its system (same session id)."""
     pid = admin_pid(port)
-    if pid is None:
-        return []
-    sid = os.getsid(pid)
+    return [] if pid is None else session_processes(os.getsid(pid))
+
+
+def session_processes(sid: int) -> list[psutil.Process]:
     procs = []
     for p in psutil.process_iter(["pid"]):
         with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
             if os.getsid(p.pid) == sid:
                 procs.append(p)
     return procs
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group ``pid`` leads (a process started with start_new_session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def kill_head_of(run_dir: str | Path) -> list[int]:
@@ -230,11 +238,10 @@ def kill_head_of(run_dir: str | Path) -> list[int]:
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         return []
     killed = []
-    for p in psutil.process_iter(["pid"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-            if os.getsid(p.pid) == sid:
-                p.kill()
-                killed.append(p.pid)
+    for p in session_processes(sid):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+            killed.append(p.pid)
     return killed
 
 
