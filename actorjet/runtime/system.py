@@ -203,7 +203,10 @@ def admin_pid(port: int) -> int | None:
 def system_processes(port: int) -> list[psutil.Process]:
     """The admin on ``port`` and every actor process of its system (same session id)."""
     pid = admin_pid(port)
-    return [] if pid is None else session_processes(os.getsid(pid))
+    try:
+        return [] if pid is None else session_processes(os.getsid(pid))
+    except ProcessLookupError:      # the admin exited between the port scan and here
+        return []
 
 
 def session_processes(sid: int) -> list[psutil.Process]:
