@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def live_count(port):
-    return sum(1 for p in system.system_processes(port) if p.status() != "zombie")
+    return sum(1 for p in system.system_processes(port) if system.still_running(p))
 
 
 def client(port):
