@@ -151,7 +151,7 @@ class Swarm:
                 os.kill(pid, signal.SIGKILL)
         if proc is not None:
             proc.popen.wait(10)
-        system.reap([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 5)
+        system.reap(existing(pids), 5)
         return pids
 
     def cleanup(self) -> None:
@@ -203,6 +203,15 @@ class Swarm:
         if isinstance(out, dict) and "error" in out and len(out) == 1:
             raise RuntimeError(f"headctl {verb} on {host.name}: {out['error']}")
         return out
+
+
+def existing(pids) -> list[psutil.Process]:
+    """The processes of ``pids`` that still exist (one may be reaped between any two calls)."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    return procs
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1, what: str = "condition"):

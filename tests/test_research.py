@@ -18,12 +18,21 @@ from actorjet.research.plan import check_budget, make_plan
 from actorjet.research.study_db import StudyRegistry
 from actorjet.research.study_spec import check_study
 from actorjet.research.stats import diff_ci, mean_ci, t_quantile
-from swarm import REPO, Proc, wait_until
+from actorjet.runtime import system
+from swarm import REPO, Proc, existing, wait_until
 
 BASE = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 2, "checkpoint_every": 1000}],
         "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
         "train": {"group_size": 4, "groups_per_step": 4, "steps": 4}}
 LR = {"log_uniform": [1e-5, 1e-2]}
+
+
+def runs_a_trial(p: psutil.Process) -> bool:
+    """Whether ``p`` is alive and a research trial (it may exit while we look)."""
+    try:
+        return system.still_running(p) and "actorjet.research.trial" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
 
 
 def study(**over):
@@ -229,8 +238,7 @@ def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_
     text, _ = again.communicate(timeout=900)
     assert again.returncode == 0, text
     assert "was in flight when the controller stopped: it runs again" in text
-    assert not any(psutil.pid_exists(p) and "actorjet.research.trial" in " ".join(psutil.Process(p).cmdline())
-                   for p in orphans)                                     # ...until the resume stops them
+    assert not any(runs_a_trial(p) for p in existing(orphans))             # ...until the resume stops them
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
     assert not left, f"processes of this study outlived it: {left}"        # (a trial's actor system once did)
     rows = trials(out)
