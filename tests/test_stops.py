@@ -1,7 +1,10 @@
 """Thirty heads started and stopped in a row (issue 34: an admin that sometimes ignored
 thespian's shutdown request left a system behind, or a stop that waited 10 s for it).  Each
 stop must be answered by the admin: nothing killed by the reap step, no process left on the
-port, no "No response to Admin shutdown" in thespian's log."""
+port, no "No response to Admin shutdown" in thespian's log.  And a system whose admin exits while
+a stop looks for its processes is a system with nothing left to stop."""
+import subprocess
+
 import pytest
 
 from actorjet.config import normalize
@@ -38,7 +41,6 @@ def test_thirty_heads_stop_in_a_row_each_answered_and_leaving_nothing(tmp_path, 
 def test_a_system_whose_admin_exits_mid_scan_has_no_processes_left(monkeypatch):
     """The admin can exit between the port scan and the session lookup (seen in CI at a
     test's teardown): that is a system with nothing left to stop, not an error."""
-    import subprocess
     gone = subprocess.Popen(["true"])
     gone.wait()
     monkeypatch.setattr(system, "admin_pid", lambda port: gone.pid)
