@@ -178,3 +178,51 @@ def test_a_conversation_keeps_its_kv_cache_and_prefills_only_new_tokens():
     hits = engine.prefix_cache.hits
     engine.generate([GenRequest(prompt, 2, 0.0, cache_key="e/a")])
     assert engine.prefix_cache.hits == hits and engine.prefix_cache.used <= engine.prefix_cache.budget
+
+
+def test_conversations_with_kept_caches_decode_in_one_batch_and_answer_as_alone():
+    """issue 49/50: conversations that resume their kept KV caches decode together with new
+    conversations, short prompts and n > 1 requests, in one batch (1 prefill sub-batch per
+    new-token size, then one decode step per token), and every answer equals the request's
+    answer alone with a whole prefill (ids; logprobs within float32 rounding)."""
+    import random
+
+    from actorjet.serving.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(zoo.resolve("tiny-long"), start_thread=False, prefix_cache_mb=64)
+    engine.eos_ids = []                                   # fixed lengths: every row decodes every step
+    rng = random.Random(1)
+    convs = {f"e{k}/a": [rng.randint(10, 90) for _ in range(rng.randint(100, 300))] for k in range(6)}
+    first = engine.generate([GenRequest(p, 5, 0.0, cache_key=key) for key, p in convs.items()])
+    for (key, p), [res] in zip(convs.items(), first):
+        convs[key] = p + res.completion_ids + [rng.randint(10, 90) for _ in range(rng.randint(5, 40))]
+    fresh = [rng.randint(10, 90) for _ in range(180)]     # a conversation's first call, same batch
+    batch = [GenRequest(p, 3 + k % 4, 1.0, seed=k, cache_key=key) for k, (key, p) in enumerate(convs.items())]
+    batch += [GenRequest(fresh, 6, 0.0, cache_key="new/a"), GenRequest([12, 13, 14], 4, 1.0, seed=9, n=3),
+              GenRequest(fresh[:90], 6, 1.0, seed=5, top_logprobs=2)]
+    forwards = []
+    hook = engine.model.register_forward_hook(lambda *_: forwards.append(1))
+    hits = engine.prefix_cache.hits
+    together = engine.generate(batch)
+    hook.remove()
+    assert engine.prefix_cache.hits - hits == 6           # every earlier conversation resumed its cache
+    assert len(forwards) <= 3 + 6 - 1                     # prefill sub-batches + one step per token
+    for req, got in zip(batch, together):
+        alone = engine.generate([GenRequest(req.prompt_ids, req.max_tokens, req.temperature, seed=req.seed,
+                                            n=req.n, top_logprobs=req.top_logprobs)])[0]
+        for a, b in zip(got, alone):
+            assert a.completion_ids == b.completion_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+            assert (a.top_logprobs is None) == (b.top_logprobs is None)
+    assert "new/a" in engine.prefix_cache.entries and engine.prefix_cache.used <= engine.prefix_cache.budget
+
+
+def test_rows_are_grouped_only_when_padding_costs_more_than_a_pass():
+    from actorjet.serving.kv_rows import partition
+
+    assert partition([10, 12, 11], 100) == [[0, 1, 2]]                     # padding 3 < one more pass
+    groups = partition([30000, 100, 120, 31000, 90], 1000)
+    assert sorted(map(sorted, groups)) == [[0, 3], [1, 2, 4]]
+    assert partition([5, 500], 600, weights=[1, 8]) == [[0, 1]]            # one short row: pad it
+    assert partition([5, 500], 600, weights=[8, 1]) == [[0], [1]]          # eight short rows: apart
+    assert partition([], 10) == [[]]

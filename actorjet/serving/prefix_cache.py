@@ -4,7 +4,8 @@ A long agent sends its whole context on every call; prefilling all of it again m
 turn 50 cost 117x one at turn 1 (bench/long_episodes.py, 32k tokens).  vLLM reuses KV blocks by
 prefix (``enable_prefix_caching``); the transformers engine keeps, per conversation (the
 gateway's episode and role), the KV cache of its last call and the ids it covers.  The next
-call keeps the part of it its prompt shares (``DynamicCache.crop``) and runs only the rest.
+call keeps the part of it its prompt shares and runs only the rest, in the same batch as every
+other conversation (serving/kv_rows.py).
 
 Bounded by a memory budget, least recently used first out.  An entry is used only with the
 weights (version and adapter) that computed it: new weights make every entry stale.
@@ -16,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from actorjet.rl.calls import common_prefix
+from actorjet.serving.kv_rows import RowKV, nbytes
 
 MIN_TOKENS = 64          # prompts shorter than this are batched as before (nothing worth keeping)
 
@@ -23,20 +25,10 @@ MIN_TOKENS = 64          # prompts shorter than this are batched as before (noth
 @dataclass
 class Entry:
     ids: bytes          # the tokens whose keys and values ``kv`` holds (int32)
-    kv: object          # a transformers DynamicCache
+    kv: RowKV           # per layer (keys, values) of those tokens
     version: int
     adapter: str
     nbytes: int
-
-
-def kv_bytes(kv) -> int:
-    total = 0
-    for layer in getattr(kv, "layers", []):
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if t is not None and hasattr(t, "numel"):
-                total += t.numel() * t.element_size()
-    return total
 
 
 class PrefixCache:
@@ -63,19 +55,16 @@ class PrefixCache:
         if n <= 0:
             self.misses += 1
             return None, 0
-        extra = entry.kv.get_seq_length() - n
-        if extra > 0:
-            entry.kv.crop(-extra)       # a negative crop removes that many tokens (transformers 4.x and 5.x)
         self.hits += 1
         self.reused_tokens += n
-        return entry.kv, n
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in entry.kv], n
 
-    def put(self, key: str, ids: list[int], kv, version: int, adapter: str) -> None:
-        nbytes = kv_bytes(kv)
-        if nbytes > self.budget:
+    def put(self, key: str, ids: list[int], kv: RowKV, version: int, adapter: str) -> None:
+        size = nbytes(kv)
+        if size > self.budget:
             return
-        self.entries[key] = Entry(array("i", ids).tobytes(), kv, version, adapter, nbytes)
-        self.used += nbytes
+        self.entries[key] = Entry(array("i", ids).tobytes(), kv, version, adapter, size)
+        self.used += size
         while self.used > self.budget:
             _, old = self.entries.popitem(last=False)
             self.used -= old.nbytes

@@ -5,8 +5,9 @@ may have its own temperature, top_p, length, stop strings and seed, and training
 the exact log-probability of every sampled token.  The loop is short: left-pad the
 prompts, run the prompt once, then one token per step with the KV cache.
 
-Requests that arrive close together are generated together (serving/batching_engine.py);
-a long conversation's call runs alone with its kept KV cache (serving/prefix_cache.py).
+Requests that arrive close together are generated together (serving/batching_engine.py),
+each conversation resuming its kept KV cache (serving/prefix_cache.py) in the same batch as
+the others (serving/kv_rows.py).
 
 Logprobs are taken under softmax(logits / temperature) — the distribution that was
 sampled, before top_p truncation — so the learner can recompute them exactly; greedy
@@ -21,9 +22,13 @@ from pathlib import Path
 import torch
 
 from actorjet.runtime.logs import log
-from actorjet.serving import weights
+from actorjet.serving import kv_rows, weights
 from actorjet.serving.batching_engine import BatchingEngine, GenRequest, GenResult  # noqa: F401 - what engines return
 from actorjet.serving.prefix_cache import MIN_TOKENS, PrefixCache
+
+# A prefill sub-batch costs about this many tokens' work more (a pass over the weights, the
+# launch of its kernels): new-token counts are padded together unless that wastes more.
+PREFILL_FIXED_TOKENS = 256
 
 
 class TransformersEngine(BatchingEngine):
@@ -65,8 +70,24 @@ class TransformersEngine(BatchingEngine):
         self._last_logits = {"logits_to_keep": 1} if keep else {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.prefix_cache = PrefixCache(prefix_cache_mb)
+        self._layers, self._decode_fixed = self._shape()
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
         self.versions.update(dict.fromkeys(adapters or {}, 0))
+
+    def _shape(self) -> tuple[int, float]:
+        """The model's layer count, and what one more decode batch costs in KV tokens: a
+        decode step reads every weight once and each row's keys and values, so padding a
+        short conversation to a long one's width is cheaper than a second pass until it
+        reads as many bytes as the weights (at least 1024 tokens: the launch overhead)."""
+        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") \
+            else self.model.config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        param = next(self.model.parameters())
+        per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * param.element_size()
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return config.num_hidden_layers, max(1024.0, weight_bytes / per_token)
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
@@ -105,7 +126,9 @@ class TransformersEngine(BatchingEngine):
             self.prefix_cache.budget > 0
 
     def _generate_with(self, adapter: str, reqs: list[GenRequest]) -> list[list[GenResult]]:
-        """Long conversations one by one with their kept KV cache; the rest as one batch."""
+        """All requests decode together, each resuming its conversation's kept KV cache where
+        it has one.  Rows of very different lengths run as separate batches only when the
+        padding would cost more than another pass over the weights (kv_rows.partition)."""
         if self.peft is not None and len(self.peft.peft_config) > 1:
             from actorjet.rl.lora import ADAPTER
             self.peft.set_adapter(adapter or ADAPTER)
@@ -113,57 +136,65 @@ class TransformersEngine(BatchingEngine):
         for r in reqs:                   # the gateway hands over its int32 array: listed here, off its loop
             if not isinstance(r.prompt_ids, list):
                 r.prompt_ids = list(r.prompt_ids)
+        version = self.versions[adapter]
+        kept = [self.prefix_cache.take(r.cache_key, r.prompt_ids, version, adapter) if self._cacheable(r)
+                else (None, 0) for r in reqs]
         out: list = [None] * len(reqs)
-        rest = [i for i, r in enumerate(reqs) if not self._cacheable(r)]
-        for i, req in enumerate(reqs):
-            if i not in rest:
-                out[i] = self._generate_cached(adapter, req)
-        if rest:
-            for i, res in zip(rest, self._generate_batch(adapter, [reqs[i] for i in rest])):
+        for group in kv_rows.partition([len(r.prompt_ids) for r in reqs], self._decode_fixed, [r.n for r in reqs]):
+            results = self._run_group(adapter, version, [reqs[i] for i in group], [kept[i] for i in group])
+            for i, res in zip(group, results):
                 out[i] = res
         return out
 
     @torch.no_grad()
-    def _generate_cached(self, adapter: str, req: GenRequest) -> list[GenResult]:
-        """One conversation's call: prefill only what its kept cache does not hold, sample,
-        and keep the cache (prompt + answer but its last token) for its next call."""
-        from transformers import DynamicCache
-
-        version = self.versions[adapter]
-        kv, n = self.prefix_cache.take(req.cache_key, req.prompt_ids, version, adapter)
-        kv = kv if kv is not None else DynamicCache()
-        new = torch.tensor([req.prompt_ids[n:]], device=self.device)
-        positions = torch.arange(n, len(req.prompt_ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=new, position_ids=positions, use_cache=True, **{self._cache_kw: kv},
-                         **self._last_logits)
-        results, kv = self._decode([req], [(0, 0)], out.past_key_values, out.logits[:, -1, :].float(),
-                                   positions[:, -1:] + 1, None, version)
-        ids = list(req.prompt_ids) + results[0][0].completion_ids[:-1]
-        self.prefix_cache.put(req.cache_key, ids, kv, version, adapter)
-        return results[0]
-
-    @torch.no_grad()
-    def _generate_batch(self, adapter: str, reqs: list[GenRequest]) -> list[list[GenResult]]:
-        version = self.versions[adapter]
+    def _run_group(self, adapter: str, version: int, reqs: list[GenRequest], kept: list) -> list[list[GenResult]]:
+        """Prefill what each request's kept cache lacks (in sub-batches of similar new-token
+        counts: a cache miss of 600 tokens would otherwise pad every hit of 20 to 600), decode
+        all rows as one batch, and keep each cacheable conversation's cache for its next call
+        (prompt + answer but its last token, which never ran)."""
+        reserve = max(min(r.max_tokens, self.max_len - len(r.prompt_ids)) for r in reqs)
+        parts = kv_rows.partition([len(r.prompt_ids) - n for r, (_, n) in zip(reqs, kept)], PREFILL_FIXED_TOKENS)
+        prefilled = [self._prefill([reqs[i] for i in part], [kept[i] for i in part], reserve) for part in parts]
+        order = [i for part in parts for i in part]
+        reqs = [reqs[i] for i in order]
+        cache, mask = kv_rows.concat([(c, m) for c, m, _ in prefilled], reserve)
+        logits = torch.cat([last for *_, last in prefilled])
+        counts = [r.n for r in reqs]
+        cache, mask = kv_rows.repeat_rows(cache, mask, counts)
+        logits = logits.repeat_interleave(torch.tensor(counts, device=logits.device), dim=0)
         rows = [(i, k) for i, r in enumerate(reqs) for k in range(r.n)]
-        prompts = [reqs[i].prompt_ids for i, _ in rows]
-        width = max(len(p) for p in prompts)
-        B = len(rows)
-        input_ids = torch.full((B, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, width), dtype=torch.long)
-        for b, p in enumerate(prompts):
-            input_ids[b, width - len(p):] = torch.tensor(p)
-            mask[b, width - len(p):] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         **self._last_logits)
-        return self._decode(reqs, rows, out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1,
-                            mask, version)[0]
+        results, mask = self._decode(reqs, rows, cache, mask, logits, version)
+        for b, (i, _) in enumerate(rows):
+            if self._cacheable(reqs[i]):
+                ids = reqs[i].prompt_ids + results[i][0].completion_ids[:-1]
+                self.prefix_cache.put(reqs[i].cache_key, ids, kv_rows.split(cache, mask, b, len(ids)), version, adapter)
+        back: list = [None] * len(reqs)
+        for j, i in enumerate(order):
+            back[i] = results[j]
+        return back
 
-    def _decode(self, reqs, rows, past, logits, next_pos, mask, version):
-        """Sample until every row stops: one token per step through the KV cache.  ``mask``:
-        the left-padded batch's attention mask (None: one row, no padding)."""
+    def _prefill(self, reqs: list[GenRequest], kept: list, reserve: int):
+        """Run each request's new tokens after its kept columns: (cache, mask, last logits)."""
+        lengths = [n for _, n in kept]
+        new = [r.prompt_ids[n:] for r, n in zip(reqs, lengths)]
+        width = max(len(t) for t in new)
+        cache, past = kv_rows.stack([kv for kv, _ in kept], lengths, width + reserve, self._layers)
+        input_ids = torch.full((len(reqs), width), self.pad_id, dtype=torch.long)
+        new_mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        positions = torch.zeros((len(reqs), width), dtype=torch.long)
+        for b, (tokens, n) in enumerate(zip(new, lengths)):
+            input_ids[b, width - len(tokens):] = torch.tensor(tokens)
+            new_mask[b, width - len(tokens):] = 1
+            positions[b, width - len(tokens):] = torch.arange(n, n + len(tokens))
+        mask = torch.cat([past.to(self.device), new_mask.to(self.device)], dim=1)
+        out = self.model(input_ids=input_ids.to(self.device), attention_mask=mask,
+                         position_ids=positions.to(self.device), use_cache=True, **{self._cache_kw: cache},
+                         **self._last_logits)
+        return cache, mask, out.logits[:, -1, :].float()
+
+    def _decode(self, reqs, rows, cache, mask, logits, version):
+        """Sample until every row stops: one token per step through the KV cache, written in
+        place (kv_rows.ReservedLayer).  Returns the results and the mask of the cache's columns."""
         B = len(rows)
         prompts = [reqs[i].prompt_ids for i, _ in rows]
         temps = torch.tensor([reqs[i].temperature for i, _ in rows], device=self.device)
@@ -178,6 +209,9 @@ class TransformersEngine(BatchingEngine):
         k_top = max(tops)
         finish: list[str | None] = [None] * B
         eos = set(self.eos_ids)
+        columns = mask.shape[1]
+        mask = torch.cat([mask, torch.ones((B, max(limits)), dtype=mask.dtype, device=mask.device)], dim=1)
+        next_pos = torch.tensor([[len(p)] for p in prompts], device=self.device)
         for _ in range(max(limits)):
             greedy = temps <= 0
             scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(-1)
@@ -201,17 +235,16 @@ class TransformersEngine(BatchingEngine):
                     finish[b] = "length"
             if all(f is not None for f in finish):
                 break
-            if mask is not None:
-                mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=self.device)], dim=1)
-            out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
-                             use_cache=True, **{self._cache_kw: past})
-            past, logits = out.past_key_values, out.logits[:, -1, :].float()
+            columns += 1
+            out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, :columns], position_ids=next_pos,
+                             use_cache=True, **{self._cache_kw: cache})
+            logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
         results: list[list[GenResult]] = [[] for _ in reqs]
         for b, (i, _) in enumerate(rows):
             results[i].append(GenResult(out_ids[b], out_lp[b], finish[b] or "length", version,
                                         out_top[b] if tops[b] else None))
-        return results, past
+        return results, mask[:, :columns]
 
     def _sample(self, logp: torch.Tensor, greedy: torch.Tensor, top_ps: list[float],
                 gens: list) -> torch.Tensor:
