@@ -11,7 +11,9 @@ run as many micro-batches as the busiest one: a rank with fewer runs empty ones 
 zero loss) to keep step with the others.
 
 On CPU the process group is ``gloo`` and FSDP2 shards over it as on GPUs (``nccl``): the
-same code path, tested here on 2 CPU processes (tests/test_ranks.py).
+same code path, tested here on 2 CPU processes (tests/test_ranks.py).  Every collective of this
+module puts its tensor on the group's device first (``on_group``): nccl takes GPU tensors only,
+and the first run on a GPU crashed on a CPU tensor (tests/test_collectives.py).
 """
 from __future__ import annotations
 
@@ -40,9 +42,22 @@ class RankGroup:
 
     def all_sum(self, values: list[float]) -> list[float]:
         """Each value summed over the ranks (float64, so the metrics match one rank's)."""
-        t = torch.tensor(values, dtype=torch.float64)
+        t = on_group(torch.tensor(values, dtype=torch.float64))
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t.tolist()
+        return t.cpu().tolist()
+
+
+def group_device() -> torch.device:
+    """Where the group's collectives run: the CPU for gloo, this process's GPU for nccl (which
+    refuses CPU tensors: "No backend type associated with device type cpu")."""
+    types = [d.type for d in dist.distributed_c10d._get_default_group()._device_types]
+    return torch.device("cpu" if "cpu" in types or not types else types[0])
+
+
+def on_group(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the group's device (itself if there already): every collective of this module
+    goes through here.  A bare "cuda" is this process's GPU (runtime/gpus.py sets it)."""
+    return t.to(group_device())
 
 
 def shares(samples: list[dict], world: int) -> list[list[dict]]:
@@ -207,8 +222,9 @@ def _decode(kind: str, payload):
 
 def _broadcast_bytes(data: bytes | None, size: int) -> bytes:
     t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data is not None else torch.empty(size, dtype=torch.uint8)
+    t = on_group(t)
     dist.broadcast(t, src=0)
-    return t.numpy().tobytes()
+    return t.cpu().numpy().tobytes()
 
 
 def leave() -> None:
@@ -234,7 +250,10 @@ def broadcast_weights(model: torch.nn.Module) -> None:
     """Every rank, before ``shard``: rank 0's weights (fresh or from a checkpoint, which only
     rank 0's node holds) in every rank's model."""
     for tensor in model.state_dict().values():
-        dist.broadcast(tensor, src=0)
+        moved = on_group(tensor)
+        dist.broadcast(moved, src=0)
+        if moved is not tensor:
+            tensor.copy_(moved)
 
 
 def gather_into(model: torch.nn.Module, whole: torch.nn.Module | None, trainable_only: bool = False) -> None:
