@@ -118,8 +118,13 @@ def normalize(data: dict, where: str = "job") -> dict:
         if m["checkpoint_keep_last"] < 1 or m["checkpoint_keep_best"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: checkpoint_keep_last must be >= 1 (the newest is what a "
                             f"restarted learner resumes from) and checkpoint_keep_best >= 0")
-        if m["prefix_cache_mb"] < 0:
-            raise UserError(f"{where}: model {m['name']!r}: prefix_cache_mb must be >= 0 (0: keep none)")
+        if m["prefix_cache_mb"] < 0 and m["prefix_cache_mb"] != -1:
+            raise UserError(f"{where}: model {m['name']!r}: prefix_cache_mb must be >= 0 (0: keep none) or -1 "
+                            "(from the device)")
+        if not (0 < m["gpu_memory_utilization"] <= 1 and 0 < m["learner_gpu_memory"] < m["gpu_memory_utilization"]):
+            raise UserError(f"{where}: model {m['name']!r}: gpu_memory_utilization must be in (0, 1] and "
+                            "learner_gpu_memory above 0 and below it (the engine keeps the rest), got "
+                            f"{m['gpu_memory_utilization']!r} and {m['learner_gpu_memory']!r}")
     _check_bases(job["models"], where)
     t = job["train"]
     if t["isolation"] not in ("thread", "process"):

@@ -27,7 +27,8 @@ MODEL = {
     "name": Field("policy", "the model's name: its subtree, episodes-NAME.sqlite, weights/NAME/"),
     "source": Field("tiny-arith", "tiny-arith | tiny-long | smollm2-135m | a local Hugging Face directory"),
     "engine": Field("transformers", "transformers (embedded, CPU or GPU) | vllm (GPU, extra `vllm`)"),
-    "device": Field("cpu", "cpu | cuda: where its engine and learner run"),
+    "device": Field("auto", "auto | cpu | cuda: where its engine and learner run (auto: CUDA where the "
+                    "machine that runs them has a GPU)"),
     "dtype": Field("float32", "the weights' dtype: float32 | bfloat16 | float16"),
     "trainable": Field(True, "false: served, never trained (a frozen opponent or judge)"),
     "lr": Field(1e-4, "the learner's AdamW learning rate", {"log_uniform": [1e-6, 1e-2]}),
@@ -54,7 +55,11 @@ MODEL = {
     "groups_per_step": Field(0, "this model's batch size in groups; 0 = [train] groups_per_step"),
     "lora": Field({}, "{} = full fine-tuning; { r = 16, alpha = 32, target_modules = \"all-linear\" }"),
     "base": Field("", "another model's name: be a LoRA adapter on that model's engine"),
-    "prefix_cache_mb": Field(1024.0, "transformers engine: KV caches kept between a conversation's calls"),
+    "prefix_cache_mb": Field(-1.0, "transformers engine: MB of KV caches kept between a conversation's calls "
+                             "(-1: from the device: 1024 on the CPU, on a GPU the engine's share less its weights; "
+                             "0: none)"),
+    "gpu_memory_utilization": Field(0.92, "the fraction of a GPU this model's processes on it may use (vLLM's)"),
+    "learner_gpu_memory": Field(0.4, "the learner's part of that fraction when it shares the engine's GPU"),
     "tool_parser": Field("", "hermes | llama3_json | mistral | pythonic ('': read from the chat template)"),
     "engines": Field(1, "engine replicas; the gateway spreads calls over them"),
     "engine_placement": Field([], "one placement table per replica ({ node = N } / { gpus = 1 })"),

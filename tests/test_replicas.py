@@ -135,6 +135,9 @@ def test_a_replica_killed_while_it_holds_requests_fails_no_episode_and_takes_tra
     wait_until(lambda: status()["models"][0]["learner_step"] >= steps + 3, 60, interval_s=0.5, what="3 more steps")
     data = status()
     assert data["aborted_by_cause"] == {} and data["groups"]["dropped"] == 0, data["aborted_by_cause"]
+    hardware = data["models"][0]["hardware"]       # device = "auto", decided by each process: no GPU here
+    assert {k: v["device"] for k, v in hardware.items()} == {"engine": "cpu", "engine.1": "cpu", "learner": "cpu"}
+    assert hardware["engine"]["kv_budget_mb"] == 1024.0 and hardware["learner"]["gpu_share"] == 1.0
     final = data["models"][0]["engine_replicas"]
     assert final["engine.1"]["failed"] >= held["engine.1"]["outstanding"]       # sent again, elsewhere
     assert pid_of(port, "model.policy/engine.1") not in (None, pid)
@@ -154,3 +157,13 @@ def test_status_and_top_show_each_replicas_calls_and_which_is_out():
     shown = console.export_text()
     assert "engine: 40 / 2" in shown and "engine.1: 17 / 0 out" in shown
     assert replicas_cell(model) == "e:40/2 e.1:17/0 out" and replicas_cell({"name": "m"}) == "-"
+
+
+def test_status_and_top_show_each_process_device_and_its_kv_cache():
+    from actorjet.cli.tables import hardware_cell
+
+    model = {"name": "policy", "hardware": {
+        "engine": {"device": "cuda:0", "kv_budget_mb": 65536.0, "kv_used_mb": 4301.2, "kv_kept": 1},
+        "learner": {"device": "cuda:0", "gpu_share": 0.4}}}
+    assert hardware_cell(model) == "engine: cuda:0 4301/65536, learner: cuda:0"
+    assert hardware_cell({"name": "m"}) == "-"

@@ -44,10 +44,12 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
         return VLLMEngine(cfg["path"], dtype="bfloat16" if cfg["dtype"] == "float32" else cfg["dtype"],
                           seed=seed, max_batch=cfg["max_batch"], crash_on_thread_death=True, lora=cfg.get("lora"),
                            tensor_parallel_size=cfg.get("tensor_parallel_size", 1))
+    from actorjet.runtime import gpu_memory, gpus
     from actorjet.serving.transformers_engine import TransformersEngine
     return TransformersEngine(cfg["path"], device=cfg["device"], dtype=cfg["dtype"],
                               max_batch=cfg["max_batch"], seed=seed, crash_on_thread_death=True, lora=cfg.get("lora"),
-                              adapters=adapters, prefix_cache_mb=cfg.get("prefix_cache_mb", 1024.0))
+                              adapters=adapters, prefix_cache_mb=cfg.get("prefix_cache_mb", -1.0),
+                              gpu_share=gpu_memory.engine_share(cfg, gpus.gpu_count()), name=cfg.get("name", ""))
 
 
 def all_done(futures: list) -> asyncio.Future:
@@ -154,6 +156,7 @@ class Engine(ManagedActor):
         """Progress for the registry's watchdog: batches done, requests waiting."""
         if self.registry is not None:
             self.send(self.registry, proto.Progress(self.model, self.kind, self.engine.batches, self.engine.waiting()))
+            self.send(self.registry, proto.Hardware(self.model, self.kind, self.hardware()))
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
 
     def receiveMsg_Stall(self, msg: proto.Stall, sender):
@@ -168,6 +171,12 @@ class Engine(ManagedActor):
             self.engine.close()
         if getattr(self, "receiver", None):
             self.receiver.stop()
+
+    def hardware(self) -> dict:
+        cache = getattr(self.engine, "prefix_cache", None)       # the vLLM engine keeps its own
+        return {"device": str(getattr(self.engine, "device", "cuda")),
+                **({"kv_budget_mb": round(cache.budget / 2 ** 20, 1), "kv_used_mb": round(cache.used / 2 ** 20, 1),
+                    "kv_kept": len(cache.entries)} if cache is not None else {})}
 
     def info(self) -> dict:
         return {"path": self.path, "model": getattr(self, "model", None),

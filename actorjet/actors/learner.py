@@ -38,7 +38,7 @@ from actorjet.rl.batching import batch_config, next_batch
 from actorjet.rl.grpo import BadBatch, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record
 from actorjet import disk
-from actorjet.runtime import endpoints, guarded
+from actorjet.runtime import endpoints, gpu_memory, gpus, guarded
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
@@ -63,7 +63,9 @@ class Learner(ManagedActor):
         torch.manual_seed(self.train_cfg["seed"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
         # with LoRA, self.peft is the peft wrapper (saving, merging) and self.model its base
+        self.gpu_share = gpu_memory.limit_learner(self.cfg, self.cfg["device"], gpus.gpu_count())
         self.model, self.peft = trainable.build(self.cfg)
+        gpu_memory.check_learner_fits(self.cfg, self.cfg["device"], self.model, self.gpu_share)
         threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.optimizer = trainable.optimizer(self.model, self.cfg)
@@ -96,6 +98,9 @@ class Learner(ManagedActor):
         self._evaluate()      # step 0: the starting checkpoint's score
         self.announce(self.model_name, {"learner": None, **({"ranks": self.leader.url} if self.leader else {})},
                       subscribe=True)
+        if self.registry is not None:
+            self.send(self.registry, proto.Hardware(self.model_name, "learner",
+                                                    {"device": self.cfg["device"], "gpu_share": self.gpu_share}))
         self.rewound = threading.Event()       # the store rewound to this step: only then are batches pulled
         self._rewind()
         self._send_counts()

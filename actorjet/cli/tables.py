@@ -49,13 +49,13 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
     if data.get("models"):
         models = Table(title="models")
         for col in ("name", "weight_version", "learner_step", "engine replicas (served / outstanding)",
-                    "learner ranks (last step s)"):
+                    "learner ranks (last step s)", "devices (KV cache used / budget)"):
             models.add_column(col)
         for mdl in data["models"]:
             replicas = ", ".join(f"{name}: {r['served']} / {r['outstanding']}" + (" [red]out[/red]" if r["out"] else "")
                                  for name, r in (mdl.get("engine_replicas") or {}).items())
             models.add_row(mdl["name"], str(mdl["weight_version"]), str(mdl["learner_step"]), replicas or "-",
-                           ranks_cell(mdl))
+                           ranks_cell(mdl), hardware_cell(mdl))
         console.print(models)
     if data.get("behaviors"):
         table = Table(title="behaviors (runners per version)")
@@ -104,3 +104,13 @@ def print_status(data: dict, console: Console | None = None, show_actors: bool =
 def ranks_cell(mdl: dict) -> str:
     """Each learner rank's time for the last step it trained (``-``: one rank)."""
     return " ".join(f"r{k}:{t:.2f}" if t is not None else f"r{k}:?" for k, t in enumerate(mdl.get("learner_ranks") or [])) or "-"
+
+
+def hardware_cell(mdl: dict) -> str:
+    """Where each of the model's processes runs (``device = "auto"`` decided there) and, for an
+    engine, its kept KV caches' use of their budget in MB."""
+    cells = []
+    for kind, info in sorted((mdl.get("hardware") or {}).items()):
+        kv = f" {info['kv_used_mb']:.0f}/{info['kv_budget_mb']:.0f}" if "kv_budget_mb" in info else ""
+        cells.append(f"{kind}: {info.get('device', '?')}{kv}")
+    return ", ".join(cells) or "-"

@@ -20,7 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from actorjet.cli.tables import ranks_cell
+from actorjet.cli.tables import hardware_cell, ranks_cell
 from actorjet.runtime import http_json
 
 PANELS = {"0": "overview", "1": "models", "2": "nodes", "3": "runners", "4": "tasks", "5": "supervision"}
@@ -74,7 +74,7 @@ class Poller:
 def models_table(status: dict) -> Table:
     t = Table(title="models", expand=True)
     for col in ("model", "step", "version", "reward", "reward (last 60 steps)", "accuracy",
-                "batch wait / train / publish s", "staleness", "tokens/s", "token ratio", "engine replicas", "learner ranks (step s)"):
+                "batch wait / train / publish s", "staleness", "tokens/s", "token ratio", "engine replicas", "learner ranks (step s)", "devices (KV MB)"):
         t.add_column(col)
     for mdl in status.get("models", []):
         recent = mdl.get("recent") or [{}]
@@ -86,7 +86,8 @@ def models_table(status: dict) -> Table:
         t.add_row(mdl["name"], str(mdl["learner_step"]), str(mdl["weight_version"]),
                   f"{rewards[-1]:.2f}" if rewards else "-", sparkline(rewards), acc or "-", split,
                   f"{last.get('staleness_mean', 0) or 0:.2f}", f"{tps:.0f}",
-                  f"{last['token_ratio']:.2f}" if last.get("token_ratio") else "-", replicas_cell(mdl), ranks_cell(mdl))
+                  f"{last['token_ratio']:.2f}" if last.get("token_ratio") else "-", replicas_cell(mdl), ranks_cell(mdl),
+                  hardware_cell(mdl))
     return t
 
 

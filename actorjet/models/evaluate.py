@@ -30,8 +30,8 @@ def greedy_accuracy(model, tokenizer, spec: tuple, max_tokens: int = 8, limit: i
         return episode_accuracy(model, tokenizer, tasks, score, max_tokens, tool_parser=tool_parser)
     was_training = model.training
     model.eval()
-    engine = TransformersEngine(model=model, tokenizer=tokenizer, start_thread=False,
-                                device=str(next(model.parameters()).device))
+    engine = TransformersEngine(model=model, tokenizer=tokenizer, start_thread=False, prefix_cache_mb=0,
+                                device=str(next(model.parameters()).device))     # no conversations to keep
     requests = []
     for task in tasks:
         text = tokenizer.apply_chat_template(messages(task), add_generation_prompt=True, tokenize=False)
@@ -51,8 +51,8 @@ def episode_accuracy(model, tokenizer, tasks: list, eval_episode, max_tokens: in
     parsed as the gateway parses them (``tool_parser``: the model entry's, or the template's)."""
     was_training = model.training
     model.eval()
-    engine = TransformersEngine(model=model, tokenizer=tokenizer, max_batch=threads,
-                                device=str(next(model.parameters()).device))
+    engine = TransformersEngine(model=model, tokenizer=tokenizer, max_batch=threads, prefix_cache_mb=0,
+                                device=str(next(model.parameters()).device))     # calls carry no cache key
 
     def chat(messages: list[dict], tools: list | None = None, max_tokens: int = max_tokens) -> dict:
         """One greedy answer as an OpenAI message dict (``content``, ``tool_calls``)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from actorjet.rl import exact_attention, lora
+from actorjet.runtime import gpus
 
 
 def load_kwargs(cfg: dict) -> dict:
@@ -37,7 +38,7 @@ def build(cfg: dict, checkpoint: Path | None = None) -> tuple:
         model = peft.get_base_model()
     else:
         model = base(cfg, checkpoint)
-    return model.to(cfg["device"]), peft
+    return model.to(gpus.resolve(cfg["device"])), peft
 
 
 def optimizer(model, cfg: dict, checkpoint: Path | None = None) -> torch.optim.Optimizer:

@@ -55,6 +55,7 @@ class EpisodeDesk:
         self.services: dict[str, dict] = {}
         self.supervised: dict[tuple, tuple] = {}   # (model, kind) → (its supervisor, child id, pid)
         self.replicas: dict[str, dict] = {}      # model → its gateway's view of its engine replicas
+        self.hardware: dict[str, dict] = {}      # model → kind (engine, engine.1, learner) → device, memory
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
         self.tb = tensorboard_events.EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
@@ -79,6 +80,8 @@ class EpisodeDesk:
             m.RunnerDown: self.on_RunnerDown, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
             proto.StoreCounts: lambda msg, sender: self._latest(self.store_counts, msg.model, msg.counts),
             proto.EngineReplicas: lambda msg, sender: self._latest(self.replicas, msg.model, msg.replicas),
+            proto.Hardware: lambda msg, sender: self._latest(self.hardware.setdefault(str(msg.model), {}),
+                                                             msg.kind, msg.info),
             proto.Resumed: lambda msg, sender: self._latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
             proto.DiskFull: lambda msg, sender: self.full_disks.report(str(msg.who), str(msg.cause)) or [],
             proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
@@ -371,7 +374,7 @@ class EpisodeDesk:
         return {**self.status_counts(),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
                             "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, [])),
-                            "engine_replicas": self.replicas.get(k, {}),
+                            "engine_replicas": self.replicas.get(k, {}), "hardware": self.hardware.get(k, {}),
                             "learner_ranks": next((r["rank_step_s"] for r in reversed(self.recent.get(k, []))
                                                    if r.get("rank_step_s")), [])}
                            for k, v in sorted(self.models.items())],

@@ -115,6 +115,16 @@ class Progress:
 
 
 @dataclass
+class Hardware:
+    """Engine or learner → registry: the device it runs on (``device = "auto"`` decided there)
+    and its memory (engine: the kept KV caches' budget and use, MB; learner: its share of the
+    GPU), for status: at start, and from an engine every second."""
+    model: str
+    kind: str
+    info: dict
+
+
+@dataclass
 class EngineReplicas:
     """Gateway → registry, every second: how it spreads calls over its engine replicas
     (per replica: url, out, outstanding, served, failed; serving/engine_client.py), for status."""

@@ -61,10 +61,11 @@ def build(policy, cfg: dict, algo, checkpoint: Path | None = None) -> Critic | N
         trunk = copy.deepcopy(policy.model)
         for p in trunk.parameters():
             p.requires_grad_(True)
-    critic = Critic(policy.config.hidden_size, trunk, lr=algo.critic_lr or cfg["lr"]).to(cfg["device"])
+    device = next(policy.parameters()).device           # beside the policy it reads
+    critic = Critic(policy.config.hidden_size, trunk, lr=algo.critic_lr or cfg["lr"]).to(device)
     saved = checkpoint / FILE if checkpoint is not None else None
     if saved is not None and saved.exists():
-        state = torch.load(saved, map_location=cfg["device"], weights_only=False)
+        state = torch.load(saved, map_location=device, weights_only=False)
         critic.load_state_dict(state["model"])
         critic.optimizer.load_state_dict(state["optimizer"])
     return critic

@@ -83,11 +83,20 @@ def claim(n: int, total: int, where: Path | None = None) -> list[int]:
     return chosen
 
 
+def resolve(device: str, count: int | None = None) -> str:
+    """``"auto"`` (the default): CUDA where this machine has a GPU, the CPU otherwise.
+    Decided by the process that runs the model, on its own machine: a head without a GPU may
+    place a model on a node with one."""
+    if device != "auto":
+        return device
+    return "cuda" if (gpu_count() if count is None else count) > 0 else "cpu"
+
+
 def device_for(cfg: dict, count: int | None = None) -> str:
-    """The device this process's model goes on: ``cfg["device"]`` with a claimed GPU index for
-    a bare ``"cuda"`` (CPU and explicit indices as written).  With vLLM's tensor parallelism
+    """The device this process's model goes on: ``cfg["device"]`` (``"auto"`` resolved here)
+    with a claimed GPU index for a bare ``"cuda"`` (CPU and explicit indices as written).  With vLLM's tensor parallelism
     the process claims that many GPUs and sees only them."""
-    device = cfg.get("device", "cpu")
+    device = resolve(cfg.get("device", "auto"), count)
     if device != "cuda":
         return device
     total = gpu_count() if count is None else count

@@ -33,7 +33,8 @@ def refuse_cuda_before_fork(job: dict) -> None:
     """A head started from a process that already ran CUDA work (a notebook, a benchmark)
     would fork engines and learners that fail at their first CUDA call: say so up front."""
     torch = sys.modules.get("torch")
-    on_gpu = [mc["name"] for mc in job.get("models", []) if str(mc.get("device", "cpu")).startswith("cuda")]
+    on_gpu = [mc["name"] for mc in job.get("models", [])
+              if str(mc.get("device", "auto")).startswith("cuda") or mc.get("device", "auto") == "auto" and gpu_count()]
     if on_gpu and torch is not None and torch.cuda.is_initialized():
         raise UserError(f"this process has already used CUDA, and the head's actors (model {on_gpu[0]!r} "
                         "on cuda among them) are forked from it: a forked process cannot use CUDA. "

@@ -35,13 +35,16 @@ class TransformersEngine(BatchingEngine):
     def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", dtype: str = "float32",
                  max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
                  model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False,
-                 lora: dict | None = None, adapters: dict[str, dict] | None = None, prefix_cache_mb: float = 1024):
+                 lora: dict | None = None, adapters: dict[str, dict] | None = None, prefix_cache_mb: float = -1,
+                 gpu_share: float = 0.92, name: str = ""):
         """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
         evaluates its own weights this way, with ``start_thread=False``).  ``lora``: serve the
         base with an adapter (rl/lora.py); published versions are then adapters.
         ``adapters``: more adapters over the same base, by name (their lora tables): the
         models of the job that share this one's base.  ``prefix_cache_mb``: memory for the KV
-        caches of conversations between their calls (serving/prefix_cache.py; 0: none)."""
+        caches of conversations between their calls (serving/prefix_cache.py; 0: none; -1: from
+        the device: 1024 on the CPU, on a GPU ``gpu_share`` of it less the weights and a batch's
+        activations, reserved once: runtime/gpu_memory.py).  ``name``: the model's, for errors."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device)
@@ -69,10 +72,28 @@ class TransformersEngine(BatchingEngine):
         keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._last_logits = {"logits_to_keep": 1} if keep else {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.prefix_cache = PrefixCache(prefix_cache_mb)
+        self.prefix_cache = PrefixCache(self._kv_budget(prefix_cache_mb, gpu_share, max_batch, name))
         self._layers, self._decode_fixed = self._shape()
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
         self.versions.update(dict.fromkeys(adapters or {}, 0))
+
+    def _kv_budget(self, asked_mb: float, gpu_share: float, max_batch: int, name: str) -> float:
+        """The kept caches' budget in MB, reserved once on a GPU (runtime/gpu_memory.py)."""
+        if asked_mb >= 0:
+            return asked_mb
+        if self.device.type != "cuda":
+            return 1024.0
+        from actorjet.runtime import gpu_memory
+
+        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") \
+            else self.model.config
+        param = next(self.model.parameters())
+        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        headroom = gpu_memory.headroom_bytes(config, max_batch, param.element_size())
+        budget = gpu_memory.kv_budget_mb(gpu_memory.total_bytes(str(self.device)), gpu_share, weight_bytes, headroom,
+                                         name, str(self.device))
+        gpu_memory.reserve(str(self.device), int(budget * 2 ** 20 + headroom))
+        return budget
 
     def _shape(self) -> tuple[int, float]:
         """The model's layer count, and what one more decode batch costs in KV tokens: a
