@@ -58,6 +58,8 @@ MODEL = {
     "prefix_cache_mb": Field(-1.0, "transformers engine: MB of KV caches kept between a conversation's calls "
                              "(-1: from the device: 1024 on the CPU, on a GPU the engine's share less its weights; "
                              "0: none)"),
+    "activation_checkpointing": Field(False, "the learner recomputes each layer's activations in the backward "
+                                      "pass instead of keeping them (long samples: 32k tokens)"),
     "gpu_memory_utilization": Field(0.92, "the fraction of a GPU this model's processes on it may use (vLLM's)"),
     "learner_gpu_memory": Field(0.4, "the learner's part of that fraction when it shares the engine's GPU"),
     "tool_parser": Field("", "hermes | llama3_json | mistral | pythonic ('': read from the chat template)"),

@@ -226,3 +226,30 @@ def test_rows_are_grouped_only_when_padding_costs_more_than_a_pass():
     assert partition([5, 500], 600, weights=[1, 8]) == [[0, 1]]            # one short row: pad it
     assert partition([5, 500], 600, weights=[8, 1]) == [[0], [1]]          # eight short rows: apart
     assert partition([], 10) == [[]]
+
+
+def test_fixed_shape_decode_steps_answer_as_the_growing_cache_does():
+    """issue 49: the decode steps a GPU replays as a CUDA graph (kv_rows.StaticDecode: every
+    layer attends over its whole reserved buffer, the mask hides what is not written yet) give
+    the same tokens and logprobs as the growing cache, kept caches and padding included; here
+    they run eagerly on the CPU (the graph itself needs a GPU: bench/gpu_check.sh)."""
+    import random
+
+    from actorjet.serving.transformers_engine import TransformersEngine
+
+    rng = random.Random(3)
+    convs = [[rng.randint(10, 90) for _ in range(rng.randint(70, 200))] for _ in range(4)]
+    answers = {}
+    for static in (False, True):
+        engine = TransformersEngine(zoo.resolve("tiny-long"), start_thread=False, prefix_cache_mb=64,
+                                    static_decode=static)
+        engine.eos_ids = []
+        first = engine.generate([GenRequest(c, 6, 0.0, cache_key=f"c{k}") for k, c in enumerate(convs)])
+        longer = [c + r[0].completion_ids + [11, 12, 13] for c, r in zip(convs, first)]
+        again = engine.generate([GenRequest(c, 9, 1.0, seed=k, cache_key=f"c{k}") for k, c in enumerate(longer)]
+                                + [GenRequest([12, 13], 5, 1.0, seed=7, n=2)])
+        assert engine.prefix_cache.hits == 4
+        answers[static] = [r for res in first + again for r in res]
+    for a, b in zip(answers[False], answers[True]):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4

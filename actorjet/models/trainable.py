@@ -38,7 +38,16 @@ def build(cfg: dict, checkpoint: Path | None = None) -> tuple:
         model = peft.get_base_model()
     else:
         model = base(cfg, checkpoint)
+    if cfg.get("activation_checkpointing"):
+        checkpointing(model)
     return model.to(gpus.resolve(cfg["device"])), peft
+
+
+def checkpointing(model) -> None:
+    """Keep only each decoder layer's input in the forward pass and recompute the rest in the
+    backward: a 32k-token sample's activations would otherwise be most of a GPU (issue 49).
+    Non-reentrant, so a LoRA model whose frozen embeddings need no gradient still gets one."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def optimizer(model, cfg: dict, checkpoint: Path | None = None) -> torch.optim.Optimizer:

@@ -29,6 +29,11 @@ from actorjet.rl.algorithms import Algorithm, kl_estimate
 # (one short call alone vs packed in a tree); a batch of many sequences is never padded.
 MIN_ROWS = 16
 
+# The LM head and log-softmax run over at most this many logits at once (1 GiB of fp32):
+# a 32k-token sample of a 150k-vocabulary model would otherwise hold a [tokens x vocabulary]
+# tensor of 20 GB, and its gradient beside it.
+CHUNK_LOGITS = 2 ** 28
+
 
 def collate(samples: list[dict], pad_id: int, device="cpu") -> dict[str, torch.Tensor]:
     """Pad packed samples into tensors; a tree attention mask only when some sample needs one."""
@@ -106,11 +111,9 @@ def term_logprobs(model, batch: dict[str, torch.Tensor], hidden_out: list | None
                              position_ids=batch["position_ids"]).last_hidden_state
         picked = hidden[batch["term_b"], batch["term_pred"]]
         n = picked.shape[0]
-        if n < MIN_ROWS:
-            picked = torch.cat([picked, picked.new_zeros(MIN_ROWS - n, picked.shape[-1])])
-        rows = head(picked)[:n]
         if hidden_out is not None:
-            hidden_out.append(picked[:n])
+            hidden_out.append(picked)
+        return chunked_logprobs(head, picked, batch["term_tok"], batch["temperatures"])
     else:
         out = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"],
                     output_hidden_states=hidden_out is not None)
@@ -119,6 +122,34 @@ def term_logprobs(model, batch: dict[str, torch.Tensor], hidden_out: list | None
             hidden_out.append(out.hidden_states[-1][batch["term_b"], batch["term_pred"]])
     rows = rows.to(torch.promote_types(rows.dtype, torch.float32)) / batch["temperatures"].unsqueeze(-1)
     return torch.log_softmax(rows, dim=-1).gather(-1, batch["term_tok"].unsqueeze(-1)).squeeze(-1)
+
+
+def _head_logprobs(head, hidden: torch.Tensor, tokens: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    n = hidden.shape[0]
+    if n < MIN_ROWS:
+        hidden = torch.cat([hidden, hidden.new_zeros(MIN_ROWS - n, hidden.shape[-1])])
+    rows = head(hidden)[:n]
+    rows = rows.to(torch.promote_types(rows.dtype, torch.float32)) / temperatures.unsqueeze(-1)
+    return torch.log_softmax(rows, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def chunked_logprobs(head, hidden: torch.Tensor, tokens: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """logπ of ``tokens`` from the rows of ``hidden`` through the LM head and a log-softmax, in
+    chunks of at most CHUNK_LOGITS logits (each of at least MIN_ROWS rows, zero-padded).  Each chunk is
+    recomputed in the backward pass (activation checkpointing) rather than kept, so a long
+    sample holds one chunk's logits at a time; a batch that fits in one chunk runs as before."""
+    n = hidden.shape[0]
+    rows = max(MIN_ROWS, CHUNK_LOGITS // head.weight.shape[0])
+    if n <= rows:
+        return _head_logprobs(head, hidden, tokens, temperatures)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = []
+    for start in range(0, n, rows):
+        end = min(n, start + rows)
+        parts.append(checkpoint(_head_logprobs, head, hidden[start:end], tokens[start:end],
+                                temperatures[start:end], use_reentrant=False))
+    return torch.cat(parts)
 
 
 def micro_batches(samples: list[dict], max_tokens: int, max_padding: float = 0.3) -> list[list[dict]]:

@@ -29,6 +29,9 @@ from actorjet.serving.prefix_cache import MIN_TOKENS, PrefixCache
 # A prefill sub-batch costs about this many tokens' work more (a pass over the weights, the
 # launch of its kernels): new-token counts are padded together unless that wastes more.
 PREFILL_FIXED_TOKENS = 256
+# A CUDA graph is captured for a batch's decode steps when it has more than this many: the
+# capture costs about two steps.
+GRAPH_MIN_STEPS = 8
 
 
 class TransformersEngine(BatchingEngine):
@@ -36,7 +39,7 @@ class TransformersEngine(BatchingEngine):
                  max_batch: int = 64, window_s: float = 0.004, seed: int = 0,
                  model=None, tokenizer=None, start_thread: bool = True, crash_on_thread_death: bool = False,
                  lora: dict | None = None, adapters: dict[str, dict] | None = None, prefix_cache_mb: float = -1,
-                 gpu_share: float = 0.92, name: str = ""):
+                 gpu_share: float = 0.92, name: str = "", static_decode: bool | None = None):
         """Load ``model_dir``, or wrap an already loaded ``model``/``tokenizer`` (the learner
         evaluates its own weights this way, with ``start_thread=False``).  ``lora``: serve the
         base with an adapter (rl/lora.py); published versions are then adapters.
@@ -44,7 +47,9 @@ class TransformersEngine(BatchingEngine):
         models of the job that share this one's base.  ``prefix_cache_mb``: memory for the KV
         caches of conversations between their calls (serving/prefix_cache.py; 0: none; -1: from
         the device: 1024 on the CPU, on a GPU ``gpu_share`` of it less the weights and a batch's
-        activations, reserved once: runtime/gpu_memory.py).  ``name``: the model's, for errors."""
+        activations, reserved once: runtime/gpu_memory.py).  ``name``: the model's, for errors.
+        ``static_decode``: decode steps of fixed shape, replayed as CUDA graphs (kv_rows.StaticDecode;
+        default: on a GPU)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device)
@@ -73,6 +78,7 @@ class TransformersEngine(BatchingEngine):
         self._last_logits = {"logits_to_keep": 1} if keep else {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.prefix_cache = PrefixCache(self._kv_budget(prefix_cache_mb, gpu_share, max_batch, name))
+        self.static_decode = self.device.type == "cuda" if static_decode is None else static_decode
         self._layers, self._decode_fixed = self._shape()
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
         self.versions.update(dict.fromkeys(adapters or {}, 0))
@@ -231,6 +237,9 @@ class TransformersEngine(BatchingEngine):
         finish: list[str | None] = [None] * B
         eos = set(self.eos_ids)
         columns = mask.shape[1]
+        static = kv_rows.StaticDecode(self.model, cache, mask, columns, B, self._cache_kw,
+                                      graph=self.device.type == "cuda" and max(limits) > GRAPH_MIN_STEPS) \
+            if self.static_decode and max(limits) > 1 else None
         mask = torch.cat([mask, torch.ones((B, max(limits)), dtype=mask.dtype, device=mask.device)], dim=1)
         next_pos = torch.tensor([[len(p)] for p in prompts], device=self.device)
         for _ in range(max(limits)):
@@ -257,9 +266,12 @@ class TransformersEngine(BatchingEngine):
             if all(f is not None for f in finish):
                 break
             columns += 1
-            out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, :columns], position_ids=next_pos,
-                             use_cache=True, **{self._cache_kw: cache})
-            logits = out.logits[:, -1, :].float()
+            if static is not None:
+                logits = static.step(tokens, next_pos)
+            else:
+                out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=mask[:, :columns], position_ids=next_pos,
+                                 use_cache=True, **{self._cache_kw: cache})
+                logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
         results: list[list[GenResult]] = [[] for _ in reqs]
         for b, (i, _) in enumerate(rows):
