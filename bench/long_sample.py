@@ -14,7 +14,7 @@ unless ``--dtype`` says otherwise.
   peak GiB       the most memory the step held: torch.cuda.max_memory_allocated on a GPU,
                  the process's peak resident set on the CPU
 
-Writes bench/results/long_sample-LABEL.json.
+Writes bench/results/LABEL.json (default long_sample-MODEL[-lora]-DEVICE).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (r=16, all linear layers)")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--label", default="")
+    ap.add_argument("--label", default="", help="the result file's name (default: long_sample-…)")
     ap.add_argument("--smoke", action="store_true", help="tiny-long, 2048 tokens, 2 steps")
     args = ap.parse_args()
     if args.smoke:
@@ -103,9 +103,9 @@ def main() -> int:
     table([(args.model + (" + LoRA" if args.lora else ""), args.device, args.tokens, f"{step_s:.2f}",
             f"{out['tokens_per_s']:.0f}", f"{out['peak_gib']:.1f}")],
           ("model", "device", "tokens", "step s", "tokens/s", "peak GiB"))
-    label = args.label or ("smoke" if args.smoke else
+    label = ("smoke" if args.smoke else
                            args.model.replace("shape:", "") + ("-lora" if args.lora else "") + "-" + args.device)
-    write(f"long_sample-{label}", out)
+    write(args.label or f"long_sample-{label}", out)
     return 0
 
 

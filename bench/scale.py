@@ -52,7 +52,9 @@ def batch(seed: int = 0, episodes: int = 16, vocab: int = 90) -> list[dict]:
 
 
 def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0, world: int = 1,
-                port: int = 0, out: str = "", device: str = "cpu") -> list[float]:
+                port: int = 0, out: str = "", device: str = "cpu", sharded: bool | None = None) -> dict:
+    """Timed learner steps (and publishes) of one rank; ``sharded``: join a group even alone
+    (a GPU's one rank over nccl; default: when ``world`` > 1)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -62,16 +64,19 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
     from actorjet.serving import weights
 
     torch.set_num_threads(max(1, CORES // world))
-    group = ranks.join(rank, world, "127.0.0.1", port, device=device) if world > 1 or device != "cpu" else None
+    sharded = world > 1 if sharded is None else sharded
+    group = ranks.join(rank, world, "127.0.0.1", port, device=device) if sharded else None
+    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     if group is not None:
         model = ranks.shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    times, publish = [], []
+    times, publish, losses = [], [], []
     for _ in range(repeats + 1):                     # the first is a warm-up
         t0 = time.perf_counter()
-        grpo_step(model, opt, samples, Algorithm(), 0, ranks=group)
+        info = grpo_step(model, opt, samples, Algorithm(), 0, ranks=group)
         times.append(time.perf_counter() - t0)
+        losses.append((info["loss"], info["grad_norm"]))
     target = Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-publish-{os.getpid()}.safetensors"
     whole = (AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
              if group is not None and rank == 0 else None)       # rank 0's unsharded copy, as in the learner
@@ -96,7 +101,7 @@ def _step_times(model_dir: str, samples: list[dict], repeats: int, rank: int = 0
                 publish.append((way, time.perf_counter() - t0))
             held[way] = max(held.get(way, 0), peak.bytes)
     target.unlink(missing_ok=True)
-    result = {"step": times[1:], "publish": publish, "rank0_peak_extra_bytes": held}
+    result = {"step": times[1:], "publish": publish, "rank0_peak_extra_bytes": held, "loss_and_grad_norm": losses}
     if out and rank == 0:
         Path(out).write_text(json.dumps(result))
     if group is not None:
@@ -139,9 +144,17 @@ def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
     from actorjet.runtime.system import free_port
 
     samples = batch()
-    if device != "cpu":       # one GPU: world size 1 over nccl, FSDP2 on one rank (the path, not a speed-up)
-        return {"sequences": len(samples), "one_rank_nccl_s": statistics.median(
-            _step_times(model_dir, samples, repeats, 0, 1, free_port(), device=device)["step"])}
+    if device != "cpu":       # one GPU: one FSDP2 rank over nccl against one plain process, the same steps
+        plain = _step_times(model_dir, samples, repeats, device=device, sharded=False)
+        nccl = _step_times(model_dir, samples, repeats, 0, 1, free_port(), device=device, sharded=True)
+        pairs = list(zip(nccl["loss_and_grad_norm"], plain["loss_and_grad_norm"]))
+        loss_gap = max(abs(a[0] - b[0]) for a, b in pairs)
+        norm_gap = max(abs(a[1] - b[1]) / max(b[1], 1e-12) for a, b in pairs)
+        return {"sequences": len(samples), "one_process_s": statistics.median(plain["step"]),
+                "one_rank_nccl_s": statistics.median(nccl["step"]), "loss_gap": loss_gap, "grad_norm_rel_gap": norm_gap,
+                # tests/test_ranks.py's tolerance for 2 gloo ranks against 1 process
+                "equal": loss_gap <= 1e-6 and norm_gap <= 1e-5,
+                "plain": plain["loss_and_grad_norm"], "nccl": nccl["loss_and_grad_norm"]}
     one = _step_times(model_dir, samples, repeats)
     out = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-ranks-{os.getpid()}.json")
     port = free_port()
@@ -236,6 +249,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed learner steps per setting (after one warm-up)")
     ap.add_argument("--episodes", type=int, default=32, help="concurrent episodes for the engine runs")
     ap.add_argument("--device", default="cpu", help="cuda: one GPU, both replicas on it, one rank over nccl")
+    ap.add_argument("--label", default="", help="the result file's name (default: scale-MODEL[-DEVICE])")
     args = ap.parse_args()
     from actorjet.models import zoo
 
@@ -244,7 +258,7 @@ def main() -> int:
     engines = [engine_replicas(model_dir, n, args.episodes, args.device) for n in (1, 2)]
     if args.device != "cpu":
         print(json.dumps({"learner_ranks": ranks, "engine_replicas": engines}, indent=1))
-        write(f"scale-{args.model}-{args.device}", {"learner_ranks": ranks, "engine_replicas": engines})
+        write(args.label or f"scale-{args.model}-{args.device}", {"learner_ranks": ranks, "engine_replicas": engines})
         return 0
     rows = [("learner step, 1 rank", f"{ranks['one_rank_s']:.3f} s", f"{CORES} threads"),
             ("learner step, 2 ranks (FSDP2, gloo)", f"{ranks['two_ranks_s']:.3f} s",
@@ -259,7 +273,7 @@ def main() -> int:
     table(rows, ("what", "measured", "notes"))
     print(f"engine throughput ratio 2:1 replicas = {engines[1]['tokens_per_s'] / engines[0]['tokens_per_s']:.2f} "
           f"on {CORES} cores (the cores are split, not added)")
-    write(f"scale-{args.model}", {"model": args.model, "cores": CORES, "learner_ranks": ranks, "engine_replicas": engines})
+    write(args.label or f"scale-{args.model}", {"model": args.model, "cores": CORES, "learner_ranks": ranks, "engine_replicas": engines})
     return 0
 
 

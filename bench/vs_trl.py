@@ -52,9 +52,9 @@ GROUPS, GROUP_SIZE, LR, MAX_TOKENS = 32, 8, 1e-4, 4
 
 
 # -- TRL -----------------------------------------------------------------------------------------
-def trl_run(seed: int, steps: int, out: Path) -> None:
-    """GRPOTrainer on the CPU; a callback copies the weights every SNAPSHOT_EVERY steps (off the
-    clock), scored after the run."""
+def trl_run(seed: int, steps: int, out: Path, device: str = "cpu") -> None:
+    """GRPOTrainer on ``device``; a callback copies the weights every SNAPSHOT_EVERY steps (off
+    the clock), scored after the run."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -79,7 +79,7 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     snapshots, clock = [], {"t0": None, "copy_s": 0.0, "cpu0": None, "copy_cpu_s": 0.0}
 
     def snapshot(step: int, now: float) -> None:
-        snapshots.append((step, now, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+        snapshots.append((step, now, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}))
 
     class Snapshot(TrainerCallback):
         def on_train_begin(self, args, state, control, **kw):
@@ -96,7 +96,8 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
 
     cfg = GRPOConfig(output_dir=str(out.parent / "trl-out"), per_device_train_batch_size=GROUPS * GROUP_SIZE,
                      num_generations=GROUP_SIZE, max_completion_length=MAX_TOKENS, learning_rate=LR, beta=0.0,
-                     epsilon=0.2, loss_type="dapo", temperature=1.0, use_cpu=True, bf16=False, max_steps=steps,
+                     epsilon=0.2, loss_type="dapo", temperature=1.0, use_cpu=device == "cpu", bf16=False,
+                     max_steps=steps,
                      lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
                      logging_steps=10_000, report_to="none", save_strategy="no", seed=seed, shuffle_dataset=False,
                      gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=True)
@@ -107,6 +108,7 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
     train_clock = time.perf_counter() - clock["t0"] - clock["copy_s"]
     cpu = {"trl": (time.process_time() - clock["cpu0"] - clock["copy_cpu_s"]) / steps}   # all its threads
     curve = []
+    model = model.to("cpu")
     for step, at, weights in snapshots:
         model.load_state_dict(weights)
         curve.append({"step": step, "clock_s": at, "accuracy": greedy_accuracy(model, tok, spec)})
@@ -115,10 +117,13 @@ def trl_run(seed: int, steps: int, out: Path) -> None:
 
 
 # -- ActorJet ------------------------------------------------------------------------------------
-def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency: int = 64) -> None:
+def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency: int = 64,
+                 device: str = "cpu") -> None:
     """The quickstart's job on an embedded head (the model built from seed 0, training seed
-    ``seed``, a checkpoint every SNAPSHOT_EVERY steps, no periodic evaluation), until the
-    last step is trained; then every checkpoint is scored."""
+    ``seed``, a checkpoint every SNAPSHOT_EVERY steps, every one kept, no periodic evaluation),
+    until the last step is trained; then every checkpoint is scored.  The clock starts at the
+    first lease (rollouts began) and the learner's checkpoint writes are taken off it, as
+    TRL's snapshot copies are off TRL's."""
     import copy
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -130,13 +135,13 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
     from actorjet.runtime.head import Head
     from actorjet.runtime.tree_spec import load_tree
     from actorjet.runtime.system import free_port
-    from actorjet.store.episode_store import path_for
     from actorjet.models.evaluate import greedy_accuracy
     from actorjet.models.heldout import eval_spec
 
     spec = copy.deepcopy(QUICKSTART_JOB)
     spec["train"].update(steps=steps, seed=0)
-    spec["models"][0].update(checkpoint_every=SNAPSHOT_EVERY, eval_every=10 * steps)
+    spec["models"][0].update(checkpoint_every=SNAPSHOT_EVERY, eval_every=10 * steps, device=device,
+                             checkpoint_keep_last=10 ** 6, checkpoint_keep_best=0)
     spec["train"]["runner_concurrency"] = concurrency
     job = prepare(normalize(spec, "vs_trl"))
     job["train"]["seed"] = seed
@@ -157,16 +162,19 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
                 break
             if time.perf_counter() - wall0 > 1800:
                 raise RuntimeError("ActorJet did not finish in 30 min")
-        import sqlite3
-
-        first_stored = sqlite3.connect(path_for(run, "policy")).execute("SELECT MIN(stored_at) FROM episodes")
-        first_stored = first_stored.fetchone()[0]
+        first_lease = head.status()["groups"]["first_lease_at"]
         cpu_to = cpu_times(roles)
     finally:
         head.stop()
     evals = [r for r in rows if r.get("kind") == "eval"]
     trains = {r["step"]: r for r in rows if r.get("kind") == "train"}
-    t0 = first_stored or evals[0]["time"]         # the first episode finished: rollouts had begun
+    t0 = first_lease                               # rollouts began
+    written = {r["step"]: r["checkpoint_s"] for r in rows if r.get("kind") == "checkpoint"}
+
+    def clock(step: int) -> float:
+        """Seconds of training to ``step``, less the checkpoints written before it."""
+        return trains[step]["time"] - t0 - sum(s for k, s in written.items() if k < step)
+
     start = job["models"][0]["path"]
     model, tok = AutoModelForCausalLM.from_pretrained(start), AutoTokenizer.from_pretrained(start)
     score = eval_spec("agents.arithmetic", "policy")
@@ -174,8 +182,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
     for ckpt in sorted((run / "checkpoints" / "policy").glob("step_*")):
         step = int(ckpt.name.split("_")[1])
         model = AutoModelForCausalLM.from_pretrained(ckpt)
-        curve.append({"step": step, "clock_s": trains[step]["time"] - t0,
-                      "accuracy": greedy_accuracy(model, tok, score)})
+        curve.append({"step": step, "clock_s": clock(step), "accuracy": greedy_accuracy(model, tok, score)})
     parts = {k: statistics.fmean(r[k] for r in trains.values()) for k in ("batch_wait_s", "train_s", "publish_s",
                                                                           "step_time_s")}
     # CPU per step by role, from the poll that saw step CPU_FROM_STEP to the one that saw the last
@@ -186,7 +193,8 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
         role = roles[pid]
         cpu[role] = cpu.get(role, 0.0) + (seconds - cpu_from[1].get(pid, 0.0)) / n
     out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve,
-                               "train_clock_s": trains[steps]["time"] - t0, "wall_s": time.perf_counter() - wall0,
+                               "train_clock_s": clock(steps), "wall_s": time.perf_counter() - wall0,
+                               "checkpoint_s": sum(written.values()),
                                "head_start_s": evals[0]["time"] - t0, "parts": parts,
                                "cpu_s_per_step": cpu}))
 
@@ -240,8 +248,10 @@ def steps_to(curve: list[dict], threshold: float) -> int | None:
 
 
 def accuracy_at(curve: list[dict], clock_s: float) -> float:
-    """Held-out accuracy of the last evaluation at or before ``clock_s``."""
-    return [p["accuracy"] for p in curve if p["clock_s"] <= clock_s + 1e-9][-1]
+    """Held-out accuracy of the last evaluation at or before ``clock_s`` (the start's, step 0,
+    if none: every curve begins there)."""
+    before = [p["accuracy"] for p in curve if p["clock_s"] <= clock_s + 1e-9]
+    return before[-1] if before else curve[0]["accuracy"]
 
 
 def ci(values: list[float], digits: int = 1) -> str:
@@ -264,7 +274,12 @@ def main() -> int:
     ap.add_argument("--only", choices=("actorjet", "trl"), default=None, help="run one framework (profiling)")
     ap.add_argument("--runners", type=int, default=2, help="ActorJet runner processes (the quickstart's 2)")
     ap.add_argument("--concurrency", type=int, default=64, help="ActorJet episodes in flight per runner (64)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda: where both frameworks run their models")
+    ap.add_argument("--smoke", action="store_true", help="1 seed, 12 steps: the suite's check that it runs")
+    ap.add_argument("--label", default="", help="the result file's name (default: from the options)")
     args = ap.parse_args()
+    if args.smoke:
+        args.seeds, args.steps = 1, CPU_FROM_STEP + 2
     if args.seeds < 1 or args.runners < 1 or args.concurrency < 1:
         ap.error("--seeds, --runners and --concurrency must be >= 1")
     if args.steps < CPU_FROM_STEP + 2:
@@ -283,6 +298,7 @@ def main() -> int:
                 out = Path(tmp) / "result.json"
                 t0 = time.time()
                 knobs = [str(args.runners), str(args.concurrency)] if fw == "actorjet" else []
+                knobs.append(args.device)
                 child = [sys.executable, __file__, f"_{fw}", str(seed), str(args.steps), str(out), *knobs]
                 proc = subprocess.run(child,
                                       cwd=REPO, capture_output=True, text=True, timeout=3600)
@@ -299,7 +315,10 @@ def main() -> int:
     summary = summarize(runs, args.steps)
     name = "vs_trl" if args.only is None and (args.runners, args.concurrency) == (2, 64) else \
         f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"
+    name += "" if args.device == "cpu" else f"-{args.device}"
+    name = args.label or ("vs_trl-smoke" if args.smoke else name)
     write(name, {"steps": args.steps, "seeds": args.seeds, "runners": args.runners, "concurrency": args.concurrency,
+                 "device": args.device,
                  "runs": runs, "summary": summary})
     return 0
 
@@ -352,8 +371,9 @@ def summarize(runs: list[dict], steps: int) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["_trl"]:
-        trl_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))
+        trl_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5])
     elif sys.argv[1:2] == ["_actorjet"]:
-        actorjet_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
+        actorjet_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+                     sys.argv[7])
     else:
         sys.exit(main())

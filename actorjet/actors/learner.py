@@ -375,6 +375,7 @@ class Learner(ManagedActor):
         self.send(self.registry, m.Metric({"time": time.time(), **record}))
 
     def _checkpoint(self) -> None:
+        t0 = time.perf_counter()
         folder = self.run_dir / "checkpoints" / self.model_name
         if self.group is not None:        # the ranks gather the optimizer state on rank 0
             self.commands.post("optimizer")
@@ -387,6 +388,8 @@ class Learner(ManagedActor):
         archive = self.run_dir / "trajectories" / f"{self.model_name}.jsonl" \
             if self.train_cfg.get("keep_trajectories") else None
         self.store.retain(self.step, archive=archive, keep_closed_s=2 * self.train_cfg["episode_max_s"])
+        self._metric({"kind": "checkpoint", "model": self.model_name, "step": self.step,
+                      "checkpoint_s": round(time.perf_counter() - t0, 4)})
 
     def on_stop(self) -> None:
         if getattr(self, "commands", None) is not None:

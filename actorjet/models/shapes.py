@@ -15,12 +15,29 @@ SHAPES = {
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256),
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936),
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152),
+    "tiny": (64, 128, 2, 4, 2, 512),                 # the same paths in seconds on a CPU (dry runs)
 }
 PREFIX = "shape:"
 
 
 def is_shape(name: str) -> bool:
     return name.startswith(PREFIX)
+
+
+def save(name: str, out, dtype: str = "bfloat16", positions: int = 4096, seed: int = 0):
+    """``shape:NAME`` written as a model directory a job can name as its source (random
+    weights in ``dtype``, a tokenizer of the full vocabulary)."""
+    from pathlib import Path
+
+    from actorjet.models.zoo import build_long_tokenizer
+
+    out = Path(out)
+    if (out / "config.json").exists():
+        return out
+    model, _ = build(name, "cpu", dtype, positions, seed)
+    model.save_pretrained(out)
+    build_long_tokenizer(fill_to=model.config.vocab_size).save_pretrained(out)
+    return out
 
 
 def build(name: str, device: str = "cpu", dtype: str = "bfloat16", positions: int = 32768, seed: int = 0):

@@ -186,15 +186,18 @@ LONG_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def build_long_tokenizer():
+def build_long_tokenizer(fill_to: int = 0):
     """One token per printable ASCII character (and newline), role markers as special tokens:
     the end-of-message marker is the end-of-sequence token, so a sampled answer that ends
-    renders back to the very ids the model sampled."""
+    renders back to the very ids the model sampled.  ``fill_to``: more plain tokens
+    (``<x123>``, never produced by encoding) up to that many ids, so a random-init model of a
+    real vocabulary (models/shapes.py) decodes whatever it samples."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = ["\n"] + [chr(c) for c in range(32, 127)]
     vocab = {tok: i for i, tok in enumerate(SPECIAL[:2] + SPECIAL[3:] + ROLE_MARKERS + chars)}
+    vocab.update({f"<x{i}>": len(vocab) + i for i in range(max(0, fill_to - len(vocab)))})
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -63,6 +63,7 @@ class LeaseDesk:
         self.leases: dict[str, dict] = {}       # lease id → {group_id, members, episodes, runner_id, started, active}
         self.retry: deque = deque()             # (group id, members) waiting for a runner
         self.serial = 0
+        self.first_lease_at: float | None = None     # wall time rollouts began (a bench's clock starts here)
 
     def room(self, source, consumed: dict[str, int], sources: list) -> int:
         """A task's room in the pipeline: its own share of the window (the heaviest task gets
@@ -125,6 +126,7 @@ class LeaseDesk:
             episode_id = f"{group['group_id']}.{k}{suffix}"
             episodes.append({"episode_id": episode_id, "api_key": signing.mint_key(self.token, episode_id)})
         now = time.time()
+        self.first_lease_at = self.first_lease_at or now
         self.leases[lease_id] = {"group_id": group["group_id"], "members": list(members), "episodes": episodes,
                                  "runner_id": runner_id, "started": now, "active": now}
         self.lease_of.update({e["episode_id"]: lease_id for e in episodes})
@@ -280,7 +282,7 @@ class LeaseDesk:
 
     def status(self) -> dict:
         return {"issued": self.counters.groups_issued, "leases_open": len(self.leases), "groups_open": len(self.groups),
-                "retry_queue": len(self.retry)}
+                "retry_queue": len(self.retry), "first_lease_at": self.first_lease_at}
 
 
 def _cause(error: str) -> str:
