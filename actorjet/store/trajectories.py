@@ -4,8 +4,9 @@ Two places hold them: the episode stores (``episodes-MODEL.sqlite``: what is pen
 was trained after the newest checkpoint) and, with ``[train] keep_trajectories = true``, the
 archives that retention appends to before it deletes trained groups
 (``trajectories/MODEL.jsonl``, compact: store/records.py ``portable``).  The export has one
-row per LLM call, whole: messages, tools, prompt and completion ids, logprobs, weight version,
-the episode's reward and the step that trained it (null: not trained yet).  A call's row holds
+row per LLM call, whole and typed: messages (a list of {role, content, ...}), tools (a list),
+prompt and completion ids, logprobs, weight version, the reward as a float and the step that
+trained it (null: not trained yet).  A call's row holds
 its whole prompt, so the export of a T-turn episode is O(T·C): it is written once, for people,
 never on the training path.
 
@@ -19,17 +20,26 @@ from pathlib import Path
 from typing import Iterator
 
 from actorjet.errors import UserError
+from actorjet.rl.rewards import total
+from actorjet.rl.samples import reward_for
 from actorjet.store.records import from_portable, whole
 
 
 def _rows(model: str, episode: dict, calls: list[dict]) -> Iterator[dict]:
+    """One typed row per call: ``messages`` a list of {role, content, ...}, ``tools`` a list
+    (or null), ``reward`` a float (this call's role's or model's share, per-turn rewards
+    folded; null: none for it), so ``datasets`` and TRL read the file as conversational data
+    as it is.  A reward that is not one number is also kept whole, as JSON text, in
+    ``reward_detail``."""
+    reward = episode["reward"]
     info = {"model": model, "group_id": episode["group_id"], "task_name": episode["task_name"],
-            "behavior": episode["behavior"], "version": episode["version"],
-            "reward": json.dumps(episode["reward"]), "trained_step": episode["trained_step"]}
+            "behavior": episode["behavior"], "version": episode["version"], "trained_step": episode["trained_step"],
+            "reward_detail": None if isinstance(reward, (int, float)) else json.dumps(reward)}
     for c in calls:
         row = whole(c)
-        row.update(info, episode_id=episode["episode_id"], messages=json.dumps(row["messages"], ensure_ascii=False),
-                   tools=json.dumps(row["tools"]))
+        mine = reward_for(reward, model, row.get("role", ""))
+        row.update(info, episode_id=episode["episode_id"], reward=None if mine is None else total(mine),
+                   tools=row["tools"] or None)
         for key in ("params", "created", "prefix"):
             row.pop(key)
         yield row
