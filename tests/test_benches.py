@@ -1,9 +1,9 @@
 """Benches at their smoke size, so none can rot unseen: each runs as a user runs it and its
-JSON is read back."""
+JSON is read back.  bench/gpu_check.sh --dry-run runs kept_caches, scale, long_sample, vs_trl
+and rl_throughput at tiny sizes."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,26 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def smoke(tmp_path: Path, script: str, *args: str, timeout_s: float = 300) -> dict:
-    env = {**os.environ, "ACTORJET_BENCH_RESULTS": str(tmp_path)}
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    [written] = list(tmp_path.glob("*.json"))
-    return json.loads(written.read_text())
-
-
 @pytest.mark.slow
-def test_kept_caches_bench_decodes_kept_conversations_in_one_batch(tmp_path):
-    """bench/kept_caches.py: with kept caches a turn takes as many forward passes as without
-    (one batch for all conversations; one conversation at a time took 8x more here)."""
-    out = smoke(tmp_path, "kept_caches.py")
-    assert out["keys"]["forwards_per_turn"] == out["none"]["forwards_per_turn"]
-    assert out["keys"]["hits"] > 0 and out["keys_over_none"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.long(minutes=4)
+@pytest.mark.long(minutes=2)
 def test_the_gpu_check_runs_every_step_on_the_cpu_at_tiny_shapes(tmp_path):
     """bench/gpu_check.sh --dry-run: every step the GPU machine will run, here at tiny shapes,
     so the script is known to work before device time is spent on it (issue 49).  Its
@@ -38,13 +20,13 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_at_tiny_shapes(tmp_path):
     its clock at the first lease; kept caches decode in one batch; RL throughput runs both
     frameworks."""
     done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "TMPDIR": str(tmp_path)})
+                          text=True, timeout=900, env={**os.environ, "TMPDIR": str(tmp_path), "GPU_CHECK_SKIP_TESTS": "1"})
     assert done.returncode == 0 and "every GPU check ran" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     [out] = [p for p in tmp_path.glob("gpu-check-*") if p.is_dir()]
     read = lambda name: json.loads((out / f"{name}.json").read_text())  # noqa: E731
     assert read("gpu-long-episode")["last_over_first_turn"] > 0
-    decode = read("gpu-decode")
-    assert decode["keys"]["forwards_per_turn"] == decode["none"]["forwards_per_turn"]
+    decode = read("gpu-decode")        # kept caches: as many forward passes a turn as without (one batch)
+    assert decode["keys"]["forwards_per_turn"] == decode["none"]["forwards_per_turn"] and decode["keys"]["hits"] > 0
     assert read("gpu-ranks")["learner_ranks"]["two_ranks_s"] > 0
     assert read("gpu-long-sample-lora")["tokens_per_s"] > 0 and read("gpu-long-sample-full")["tokens_per_s"] > 0
     vs = read("gpu-vs-trl")

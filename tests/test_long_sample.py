@@ -27,7 +27,8 @@ def gradient(tokens: int, answers: int, checkpointing: bool, chunk_logits: int, 
     return {"info": info, "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}}
 
 
-@pytest.mark.parametrize("tokens", [pytest.param(4096, id="4k"), pytest.param(32768, id="32k", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("tokens", [pytest.param(4096, id="4k"),
+                                    pytest.param(32768, id="32k", marks=[pytest.mark.slow, pytest.mark.long(minutes=1)])])
 def test_a_long_sample_trains_the_same_in_chunks_with_checkpointing(tokens, monkeypatch):
     answers = tokens // 4
     plain = gradient(tokens, answers, False, 2 ** 40, monkeypatch)
