@@ -76,8 +76,9 @@ class BatchingEngine:
         self.batches = 0
         self.last_success = 0.0          # monotonic time of the last batch that worked
         self.isolated = 0                # requests that failed alone (RequestFailed)
+        self._thread = None
         if start_thread:       # a batcher that dies takes the engine actor with it (restarted)
-            guarded.start(self._loop, "engine-batcher", crash_process=crash_on_thread_death)
+            self._thread = guarded.start(self._loop, "engine-batcher", crash_process=crash_on_thread_death)
 
     # -- public -------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> Future:
@@ -111,9 +112,14 @@ class BatchingEngine:
         self._pending_weights[adapter] = (version, path)
         self._queue.put(None)      # wake the batcher even when idle
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 5.0) -> None:
+        """Stop taking requests and let the batcher finish its batch (at most ``wait_s``): a
+        batcher still inside torch when the interpreter exits aborts the process ("terminate
+        called without an active exception")."""
         self._closed = True
         self._queue.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
     def stall_thread(self, seconds: float) -> None:
         """Test hook: the batcher thread sleeps ``seconds`` at its next turn (a hang)."""
