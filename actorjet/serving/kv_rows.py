@@ -146,10 +146,6 @@ def _widen(buffer: torch.Tensor, columns: int) -> torch.Tensor:
     return wide
 
 
-def reserved_cache(layers: list[ReservedLayer]) -> Cache:
-    return Cache(layers=layers)
-
-
 def stack(rows: list[RowKV | None], lengths: list[int], reserve: int, layers: int) -> tuple[Cache, torch.Tensor]:
     """One batch cache of ``rows`` (None or a kept cache of ``lengths[i]`` tokens), each
     left-padded to the longest, with ``reserve`` more columns of room; and the attention mask
@@ -160,7 +156,7 @@ def stack(rows: list[RowKV | None], lengths: list[int], reserve: int, layers: in
     for b, n in enumerate(lengths):
         mask[b, width - n:] = 1
     if sample is None:
-        return reserved_cache([ReservedLayer(None, None, 0, reserve) for _ in range(layers)]), mask
+        return Cache(layers=[ReservedLayer(None, None, 0, reserve) for _ in range(layers)]), mask
     mask = mask.to(sample[0][0].device)
     out = []
     for layer in range(layers):
@@ -173,7 +169,7 @@ def stack(rows: list[RowKV | None], lengths: list[int], reserve: int, layers: in
                     buf[b, :, width - lengths[b]:width] = row[layer][which][0, :, :lengths[b]]
             buffers.append(buf)
         out.append(ReservedLayer(buffers[0], buffers[1], width, width + reserve))
-    return reserved_cache(out), mask
+    return Cache(layers=out), mask
 
 
 def concat(parts: list[tuple[Cache, torch.Tensor]], reserve: int) -> tuple[Cache, torch.Tensor]:
@@ -196,7 +192,7 @@ def concat(parts: list[tuple[Cache, torch.Tensor]], reserve: int) -> tuple[Cache
                 r += p.shape[0]
             buffers.append(buf)
         out.append(ReservedLayer(buffers[0], buffers[1], width, width + reserve))
-    return reserved_cache(out), torch.cat(masks)
+    return Cache(layers=out), torch.cat(masks)
 
 
 def _room(cache: Cache) -> int:
@@ -216,7 +212,7 @@ def repeat_rows(cache: Cache, mask: torch.Tensor, counts: list[int]) -> tuple[Ca
         length = layer.keys.shape[2]
         k, v = (b.index_select(0, index) for b in layer.buffers)
         out.append(ReservedLayer(k, v, length, k.shape[2]))
-    return reserved_cache(out), mask.index_select(0, index)
+    return Cache(layers=out), mask.index_select(0, index)
 
 
 def split(cache: Cache, mask: torch.Tensor, row: int, tokens: int) -> RowKV:

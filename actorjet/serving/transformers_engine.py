@@ -77,9 +77,12 @@ class TransformersEngine(BatchingEngine):
         keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._last_logits = {"logits_to_keep": 1} if keep else {}
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") \
+            else self.model.config
+        self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.prefix_cache = PrefixCache(self._kv_budget(prefix_cache_mb, gpu_share, max_batch, name))
         self.static_decode = self.device.type == "cuda" if static_decode is None else static_decode
-        self._layers, self._decode_fixed = self._shape()
+        self._layers, self._decode_fixed = self._config.num_hidden_layers, self._decode_pass_tokens()
         self._start_batching(max_batch, window_s, start_thread, crash_on_thread_death=crash_on_thread_death)
         self.versions.update(dict.fromkeys(adapters or {}, 0))
 
@@ -91,30 +94,23 @@ class TransformersEngine(BatchingEngine):
             return 1024.0
         from actorjet.runtime import gpu_memory
 
-        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") \
-            else self.model.config
-        param = next(self.model.parameters())
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        headroom = gpu_memory.headroom_bytes(config, max_batch, param.element_size())
-        budget = gpu_memory.kv_budget_mb(gpu_memory.total_bytes(str(self.device)), gpu_share, weight_bytes, headroom,
-                                         name, str(self.device))
+        headroom = gpu_memory.headroom_bytes(self._config, max_batch, next(self.model.parameters()).element_size())
+        budget = gpu_memory.kv_budget_mb(gpu_memory.total_bytes(str(self.device)), gpu_share, self._weight_bytes,
+                                         headroom, name, str(self.device))
         gpu_memory.reserve(str(self.device), int(budget * 2 ** 20 + headroom))
         return budget
 
-    def _shape(self) -> tuple[int, float]:
-        """The model's layer count, and what one more decode batch costs in KV tokens: a
-        decode step reads every weight once and each row's keys and values, so padding a
-        short conversation to a long one's width is cheaper than a second pass until it
-        reads as many bytes as the weights (at least 1024 tokens: the launch overhead)."""
-        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") \
-            else self.model.config
+    def _decode_pass_tokens(self) -> float:
+        """What one more decode batch costs in KV tokens: a decode step reads every weight
+        once and each row's keys and values, so padding a short conversation to a long one's
+        width is cheaper than a second pass until it reads as many bytes as the weights (at
+        least 1024 tokens: the launch overhead)."""
+        config = self._config
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        param = next(self.model.parameters())
-        per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * param.element_size()
-        weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return config.num_hidden_layers, max(1024.0, weight_bytes / per_token)
+        per_token = 2 * config.num_hidden_layers * kv_heads * head_dim * next(self.model.parameters()).element_size()
+        return max(1024.0, self._weight_bytes / per_token)
 
     def _eos_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
