@@ -28,9 +28,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import table, write  # noqa: E402
+from common import interval, table, write  # noqa: E402
 
-from actorjet.research.stats import mean_ci  # noqa: E402
 from actorjet.rl.algorithms import ALGORITHMS  # noqa: E402
 
 BAR = 0.55
@@ -61,16 +60,6 @@ def one_run(algorithm: str, seed: int, steps: int, work: Path, fixed_start: bool
             "reward_first10": sum(r["reward_mean"] for r in train[:10]) / max(1, len(train[:10])),
             "reward_last10": sum(r["reward_mean"] for r in train[-10:]) / max(1, len(train[-10:])),
             **{k: train[-1].get(k) for k in ("value_loss", "logprob_mismatch", "clip_frac")}}
-
-
-def interval(values: list) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "never"
-    if len(values) == 1:
-        return f"{values[0]:.3g}"
-    mean, low, high = mean_ci(values)
-    return f"{mean:.3g} [{low:.3g}, {high:.3g}]"
 
 
 def main() -> None:

@@ -41,6 +41,32 @@ def table(rows: list[tuple], header: tuple) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
 
 
+def interval(values: list, fmt: str = ".3g", centre: str = "mean") -> str:
+    """A figure over seeds as "centre [low, high]": the 95% t interval of the mean
+    (actorjet/research/stats.py); ``centre`` is the mean or the median; None values (a target
+    never reached) are left out, and none at all is "never"."""
+    import statistics
+
+    from actorjet.research.stats import mean_ci
+
+    values = [v for v in values if v is not None]
+    if not values:
+        return "never"
+    mid = statistics.median(values) if centre == "median" else statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mid:{fmt}}"
+    _, low, high = mean_ci(values)
+    return f"{mid:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def half_width(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width of its 95% t interval): NaN for a single value."""
+    from actorjet.research.stats import mean_ci
+
+    mean, low, high = mean_ci(values)
+    return mean, (high - low) / 2
+
+
 def write(name: str, data: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -40,7 +40,7 @@ import psutil  # noqa: E402
 
 from actorjet.monitor import metrics  # noqa: E402
 from actorjet.cli.top import Poller  # noqa: E402
-from common import table, write  # noqa: E402
+from common import half_width, table, write  # noqa: E402
 from jobs import tiny_arith  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
@@ -94,17 +94,6 @@ def one_run(tmp: Path, steps: int, watchers: int) -> dict:
                 "failed_polls": len(failed), "last_failure": failed[-1] if failed else ""}
     finally:
         swarm.cleanup()
-
-
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% confidence interval (Student's t)."""
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    return mean, T95.get(len(values) - 1, 2.0) * statistics.stdev(values) / len(values) ** 0.5
 
 
 def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float) -> dict:
@@ -168,8 +157,8 @@ def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float) -> dict:
 def windowed_main(args) -> int:
     with tempfile.TemporaryDirectory(prefix="aj-topcost-") as tmp:
         out = windowed_run(Path(tmp) / "windows", args.steps, args.watchers, args.windows)
-    mean, half = mean_ci(out["pairs"])
-    cpu, cpu_half = mean_ci(out["cpu_pairs"])
+    mean, half = half_width(out["pairs"])
+    cpu, cpu_half = half_width(out["cpu_pairs"])
     table([("learner step time (median per window)", f"{out['step_time_median_off_s']:.3f} s",
             f"{out['step_time_median_on_s']:.3f} s", f"{100 * mean:+.1f}% ± {100 * half:.1f}",
             f"{len(out['pairs'])} pairs", "<= +2%"),
@@ -208,7 +197,7 @@ def main() -> int:
     for key, label in (("step_time_median_s", "learner step time (median)"),
                        ("cpu_s_per_step", "CPU of registry+learner per step")):
         paired = [w[key] / a[key] - 1 for w, a in zip(runs["watched"], runs["alone"])]   # round by round
-        mean, half = mean_ci(paired)
+        mean, half = half_width(paired)
         changes[key] = {"mean": mean, "ci95": half, "per_round": paired}
         rows.append((label, f"{summary['alone'][key]:.3f} s", f"{summary['watched'][key]:.3f} s",
                      f"{100 * mean:+.1f}% ± {100 * half:.1f}", "<= +2%" if key.startswith("step") else "-"))

@@ -44,7 +44,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import table, write  # noqa: E402
+from common import interval, table, write  # noqa: E402
 
 THRESHOLDS = (0.50, 0.55, 0.60)
 SNAPSHOT_EVERY = 2
@@ -193,6 +193,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
         role = roles[pid]
         cpu[role] = cpu.get(role, 0.0) + (seconds - cpu_from[1].get(pid, 0.0)) / n
     out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve,
+                               "critical_path": critical_path(rows),
                                "train_clock_s": clock(steps), "wall_s": time.perf_counter() - wall0,
                                "checkpoint_s": sum(written.values()),
                                "head_start_s": evals[0]["time"] - t0, "parts": parts,
@@ -200,6 +201,20 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
 
 
 CPU_FROM_STEP = 10      # CPU is counted from here to the end: startup (model loading, spawning) left out
+
+
+def critical_path(rows: list[dict]) -> dict:
+    """The step timeline of the median step (actorjet/monitor/timeline.py): its critical path,
+    the median of each segment, and how many trained episodes lack a stage or are out of order."""
+    from actorjet.monitor import timeline
+
+    steps = timeline.steps(rows)
+    step = timeline.median_step(steps, skip=CPU_FROM_STEP)
+    if step is None:
+        return {}
+    return {"step": step.step, "period_s": step.period, "segments": timeline.critical_path(step),
+            "medians": timeline.stage_medians(step), "lines": timeline.describe(step),
+            "problems": sum(len(timeline.problems(s)) for s in steps)}
 
 
 def process_roles(head, marker: str) -> dict[int, str]:
@@ -255,16 +270,7 @@ def accuracy_at(curve: list[dict], clock_s: float) -> float:
 
 
 def ci(values: list[float], digits: int = 1) -> str:
-    from actorjet.research.stats import mean_ci
-
-    values = [v for v in values if v is not None]
-    if not values:
-        return "never"
-    mid = statistics.median(values)
-    if len(values) < 2:
-        return f"{mid:.{digits}f}"
-    _, low, high = mean_ci(values)
-    return f"{mid:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    return interval(values, f".{digits}f", centre="median")
 
 
 def main() -> int:
@@ -312,6 +318,8 @@ def main() -> int:
             print(f"{fw:9s} seed {seed}: {last['accuracy']:.1%} after {last['step']} steps, "
                   f"{result['train_clock_s']:.1f} s of training, {result['steady_s_per_step']:.3f} s/step after "
                   f"step 10 ({time.time() - t0:.0f} s in all)", flush=True)
+            if result.get("critical_path"):
+                print("\n".join(result["critical_path"]["lines"]), flush=True)
     summary = summarize(runs, args.steps)
     name = "vs_trl" if args.only is None and (args.runners, args.concurrency) == (2, 64) else \
         f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"

@@ -145,3 +145,27 @@ def test_a_store_from_before_gets_the_logged_column_and_its_groups_count_as_told
     finish(again, "g2", [1.0])
     assert [g["group_id"] for g in completed.news(again)] == ["g2"]
     assert again.retain(0) == {"groups": 0, "episodes": 0} and again.counts()["complete"] == 2
+
+
+def test_the_store_records_each_episodes_timeline_in_order_and_the_batch_carries_it(tmp_path):
+    """The step timeline's store stages (monitor/timeline.py): leased (the runner's lease,
+    passed through), first call, last answer, stored, complete, taken — in that order."""
+    import time
+
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    leased = time.time()
+    for e in ("g1.0", "g1.1"):
+        store.call_started(e)
+        store.add([record(store, e)])
+    store.put_results({"group_id": "g1", "size": 2, "task_name": "t", "behavior": "t", "version": 1},
+                      [{"episode_id": "g1.0", "member": 0, "reward": 1.0, "leased_at": leased}])
+    time.sleep(0.01)
+    store.put_results({"group_id": "g1", "size": 2, "task_name": "t", "behavior": "t", "version": 1},
+                      [{"episode_id": "g1.1", "member": 1, "reward": 0.0, "leased_at": leased}])
+    batch = next_batch(store, BatchConfig("policy", 1))
+    rows = {row[0]: row[1:] for row in batch["timeline"]}
+    assert sorted(rows) == ["g1.0", "g1.1"]
+    for times in rows.values():
+        assert None not in times and times == sorted(times), times
+    assert rows["g1.0"][3] < rows["g1.1"][3] == rows["g1.0"][4]     # the group completed with its last member
+    assert store.times == {}                                       # nothing kept for ended episodes

@@ -34,6 +34,12 @@ def test_quickstart_smoke_reward_rises(tmp_path):
         assert {"weight_version", "tokens", "step_time_s", "staleness_max"} <= set(r)
         assert r["staleness_max"] <= 1
     assert (run / "plots" / "reward_curve.png").stat().st_size > 1000
+    from actorjet.monitor import timeline          # the step timeline: every trained episode, 8 stages, in order
+    steps = timeline.steps(rows)
+    assert [s.step for s in steps] == list(range(1, 31))
+    for step, r in zip(steps, train):
+        assert len(step.episodes) == r["episodes"] and timeline.problems(step) == [], timeline.problems(step)[:5]
+    assert "Critical path of the median step" in (run / "report.html").read_text()
     head = json.loads((run / "head.json").read_text())
     from actorjet.runtime import system
     assert not system.system_processes(head["port"]), "quickstart left its actor system running"

@@ -34,6 +34,9 @@ preload = preload_libraries      # runtime/kinds.py: what a head imports once, b
 
 
 PROGRESS_S = 1.0
+SERVED = "served"          # the wakeup that reports weight versions the batcher began to serve
+SERVED_POLL_S = 0.05
+SERVED_POLLS = 200         # then the slow progress wakeup reports it (a batch of minutes on a big model)
 
 
 def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
@@ -153,17 +156,41 @@ class Engine(ManagedActor):
             super().receiveMsg_Crash(msg, sender)
 
     def receiveMsg_WakeupMessage(self, msg: WakeupMessage, sender):
-        """Progress for the registry's watchdog: batches done, requests waiting."""
+        """Progress for the registry's watchdog: batches done, requests waiting.  A ``served``
+        wakeup follows a LoadWeights until the batcher applied it (the step timeline)."""
+        if msg.payload == SERVED:
+            self._report_served()
+            adapter, version, polls = self.announced
+            if self.engine.versions.get(adapter, 0) < version and polls < SERVED_POLLS:    # not applied yet
+                self.announced = (adapter, version, polls + 1)
+                self.wakeupAfter(timedelta(seconds=SERVED_POLL_S), payload=SERVED)
+            return
         if self.registry is not None:
             self.send(self.registry, proto.Progress(self.model, self.kind, self.engine.batches, self.engine.waiting()))
             self.send(self.registry, proto.Hardware(self.model, self.kind, self.hardware()))
+            self._report_served()
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))
+
+    def _report_served(self) -> None:
+        """A ``kind = "served"`` metrics line per weight version this replica began to serve
+        (the step timeline's last stage, monitor/timeline.py), with the engine's own phases
+        so far: time collecting batches, generating, loading weights."""
+        while self.engine.served:         # the batcher appends: pop, never swap the list
+            s = self.engine.served.pop(0)
+            if self.registry is None:
+                continue
+            self.send(self.registry, m.Metric({
+                "kind": "served", "model": s["adapter"] or self.model, "replica": self.kind,
+                "weight_version": s["weight_version"], "time": s["served"], "load_s": s["load_s"],
+                "engine": {"batches": self.engine.batches, **{k: round(v, 4) for k, v in self.engine.phases.items()}}}))
 
     def receiveMsg_Stall(self, msg: proto.Stall, sender):
         self.engine.stall_thread(msg.seconds)
 
     def receiveMsg_LoadWeights(self, msg: proto.LoadWeights, sender):
         self.engine.load_weights(msg.version, msg.path, msg.adapter)
+        self.announced = (msg.adapter, msg.version, 0)
+        self.wakeupAfter(timedelta(seconds=SERVED_POLL_S), payload=SERVED)
 
     def on_stop(self) -> None:
         if getattr(self, "server", None):

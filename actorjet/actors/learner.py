@@ -36,7 +36,7 @@ from actorjet.serving import threads, weights
 from actorjet.rl import algorithms, critic, lora, ranks
 from actorjet.rl.batching import batch_config, next_batch
 from actorjet.rl.grpo import BadBatch, grpo_step
-from actorjet.rl.step import StepTimes, keep_fresh, step_record
+from actorjet.rl.step import StepTimes, keep_fresh, step_record, timeline_record
 from actorjet import disk
 from actorjet.runtime import endpoints, gpu_memory, gpus, guarded
 from actorjet.runtime import messages as m
@@ -339,6 +339,7 @@ class Learner(ManagedActor):
         record = step_record(self.model_name, self.step, self.version, batch, f["fresh"], f["info"], f["times"],
                              self.published_bytes, f["pushed_s"], self.commands and self.commands.step_times(self.group.world))
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
+        self._metric(timeline_record(self.model_name, self.step, self.version, batch, f["times"]))
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)
         self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, len(batch["group_ids"]),

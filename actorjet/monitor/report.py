@@ -14,7 +14,7 @@ import io
 import time
 from pathlib import Path
 
-from actorjet.monitor import metrics
+from actorjet.monitor import metrics, timeline
 from actorjet.errors import UserError
 
 
@@ -41,6 +41,7 @@ def build(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ("Reward and held-out accuracy by learner step", _curves(train, evals, models, "step", t0)),
         ("Reward and held-out accuracy by wall-clock time", _curves(train, evals, models, "time", t0)),
         ("Where each step's time goes", _step_time(train, models)),
+        ("The step timeline: the median step, episode by episode", _timeline(rows)),
         ("Learner ranks: each rank's time to train a step", _ranks(train, models)),
         ("Throughput", _throughput(train, swarm, t0)),
         ("Context tracker: training tokens saved", _context(train, models)),
@@ -55,6 +56,8 @@ def build(run_dir: str | Path, out: str | Path | None = None) -> Path:
             continue
         body.append(f"<h2>{html.escape(title)}</h2>"
                     f'<img class="plot" alt="{html.escape(title)}" src="data:image/png;base64,{png}">')
+        if title.startswith("The step timeline"):
+            body.append(_critical_paths(rows))
     out = Path(out) if out else run_dir / "report.html"
     out.write_text("<!doctype html><html><head><meta charset='utf-8'><title>ActorJet report</title><style>"
                    "body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
@@ -154,6 +157,35 @@ def _step_time(train, models) -> str | None:
     ax.set_ylabel("seconds")
     _legend(ax, fontsize=8)
     return _png(fig)
+
+
+def _timeline(rows) -> str | None:
+    """The median step of each model (monitor/timeline.py): one bar per episode, a colour per
+    stage, the learner's marks as lines."""
+    all_steps = timeline.steps(rows)
+    medians = [s for model in sorted({s.model for s in all_steps})
+               if (s := timeline.median_step([x for x in all_steps if x.model == model])) is not None]
+    if not medians:
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(medians), 1, figsize=(10, 3.6 * len(medians)), squeeze=False)
+    for ax, step in zip(axes[:, 0], medians):
+        timeline.draw(ax, step)
+        ax.set_title(f"{step.model}: step {step.step}", fontsize=9)
+        ax.grid(alpha=0.3)
+        _legend(ax, fontsize=7, loc="lower right")
+    return _png(fig)
+
+
+def _critical_paths(rows) -> str:
+    all_steps = timeline.steps(rows)
+    lines = []
+    for model in sorted({s.model for s in all_steps}):
+        step = timeline.median_step([s for s in all_steps if s.model == model])
+        if step is not None:
+            lines += ["Critical path of the median step:", *timeline.describe(step), ""]
+    return f"<pre>{html.escape(chr(10).join(lines))}</pre>" if lines else ""
 
 
 def _ranks(train, models) -> str | None:

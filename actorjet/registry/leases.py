@@ -134,7 +134,7 @@ class LeaseDesk:
         return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
                 "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
                 "episodes": episodes, "members": list(members), "group_size": group["size"],
-                "timeout_s": self.total_limit, "idle_s": self.idle_limit}
+                "timeout_s": self.total_limit, "idle_s": self.idle_limit, "leased_at": now}
 
     def _drop(self, lease_id: str) -> dict | None:
         lease = self.leases.pop(lease_id, None)

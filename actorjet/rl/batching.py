@@ -219,7 +219,8 @@ def build(groups: list[dict], cfg: BatchConfig, filtered: list[dict] = ()) -> di
     if cfg.algo.dynamic_sampling:
         stats["filtered_groups"] = len(filtered)
     return {"samples": [p.to_dict() for p in packed], "stats": stats,
-            "group_ids": [g["group_id"] for g in [*groups, *filtered]], "quarantined": []}
+            "group_ids": [g["group_id"] for g in [*groups, *filtered]], "quarantined": [],
+            "timeline": [row for g in [*groups, *filtered] for row in g.get("timeline", ())]}
 
 
 def next_batch(store, cfg: BatchConfig) -> dict | None:

@@ -110,7 +110,6 @@ def term_logprobs(model, batch: dict[str, torch.Tensor], hidden_out: list | None
         hidden = model.model(input_ids=batch["input_ids"], attention_mask=mask,
                              position_ids=batch["position_ids"]).last_hidden_state
         picked = hidden[batch["term_b"], batch["term_pred"]]
-        n = picked.shape[0]
         if hidden_out is not None:
             hidden_out.append(picked)
         return chunked_logprobs(head, picked, batch["term_tok"], batch["temperatures"])

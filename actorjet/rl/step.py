@@ -42,11 +42,16 @@ def keep_fresh(samples: list[dict], version: int, max_staleness: int) -> Fresh:
 
 @dataclass
 class StepTimes:
-    """Wall-clock marks of one step (time.perf_counter), for its metrics line."""
+    """Marks of one step (time.perf_counter), for its metrics line; ``wall`` is time.time()
+    at ``start``, so the step timeline can place them among the other processes' marks."""
     start: float
     trained: float = 0.0       # the optimizer step began
     published: float = 0.0     # the optimizer step ended, publishing began
     done: float = 0.0          # the weights were published and delivered
+    wall: float = field(default_factory=time.time)
+
+    def at(self, mark: float) -> float:
+        return self.wall + (mark - self.start)
 
 
 def step_record(model: str, step: int, version: int, batch: dict, fresh: Fresh, info: dict,
@@ -67,3 +72,16 @@ def step_record(model: str, step: int, version: int, batch: dict, fresh: Fresh, 
     if other_ranks is not None and not info.get("skipped"):
         record["rank_step_s"] = [round(times.published - times.trained, 4), *other_ranks]
     return record
+
+
+def timeline_record(model: str, step: int, version: int, batch: dict, times: StepTimes) -> dict:
+    """The ``kind = "timeline"`` line of one step (docs/monitoring.md, monitor/timeline.py):
+    each trained episode's stages as the store saw them (leased … taken), then when this step
+    trained them, and the learner's own phases.  "Served" is the engine's line for this version."""
+    return {"kind": "timeline", "model": model, "step": step, "weight_version": version,
+            "stages": ["leased", "first_call", "last_answer", "stored", "complete", "taken"],
+            "episodes": [[row[0], *(None if t is None else round(t, 4) for t in row[1:])]
+                         for row in batch.get("timeline", ())],
+            "batch_ready": round(batch["stats"].get("created", times.wall), 4),
+            "train_start": round(times.at(times.trained), 4), "trained": round(times.at(times.published), 4),
+            "published": round(times.at(times.done), 4)}

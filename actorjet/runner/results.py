@@ -47,7 +47,8 @@ def rewards_body(lease: dict, good: list[dict]) -> dict:
              "behavior": lease["behavior"], "version": lease["version"]}
     return {"group": group, "episodes": [
         {"episode_id": r["episode_id"], "api_key": keys[r["episode_id"]],
-         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"]} for r in good]}
+         "member": members.get(r["episode_id"], r["episode_id"]), "reward": r["reward"],
+         **({"leased_at": lease["leased_at"]} if "leased_at" in lease else {})} for r in good]}
 
 
 def outcomes(results: list[dict]) -> list[dict]:

@@ -74,6 +74,8 @@ class BatchingEngine:
         self._unanswered = 0
         self._closed = False
         self.batches = 0
+        self.phases = {"requests": 0, "collect_s": 0.0, "generate_s": 0.0, "load_s": 0.0}   # the engine's own time
+        self.served: list[dict] = []     # weight versions applied, not yet reported (the step timeline)
         self.last_success = 0.0          # monotonic time of the last batch that worked
         self.isolated = 0                # requests that failed alone (RequestFailed)
         self._thread = None
@@ -141,6 +143,7 @@ class BatchingEngine:
             item = self._queue.get()
             if self._test_hook(item):
                 continue
+            collecting = time.perf_counter()
             batch = [item] if item is not None else []
             # Dynamic batching: keep collecting while requests keep coming (each within
             # window_s of the last), for at most max_wait_s: a burst from many agents lands
@@ -162,9 +165,13 @@ class BatchingEngine:
                 self._apply_weights()
                 if not batch:
                     continue
+                started = time.perf_counter()
+                self.phases["collect_s"] += started - collecting
                 try:
                     results = self._generate([r for r, _ in batch])
                     self.last_success = time.monotonic()
+                    self.phases["generate_s"] += time.perf_counter() - started
+                    self.phases["requests"] += len(batch)
                 except Exception as e:  # noqa: BLE001 - a bad batch fails its requests, not the engine
                     self._isolate(batch, e)
                     continue
@@ -216,6 +223,7 @@ class BatchingEngine:
         is loaded instead (learner and engine of a model share a node), and if there is none
         the current weights stay.  A torn read (the file was recycled while read:
         serving/weights.py) left a mix, so the newest is loaded whatever its number."""
+        started = time.perf_counter()
         try:
             self._load(path, adapter)
         except (FileNotFoundError, weights.TornRead) as e:
@@ -232,6 +240,11 @@ class BatchingEngine:
                 return
             self._load(path, adapter)
         self.versions[adapter] = version
+        load_s = time.perf_counter() - started
+        self.phases["load_s"] += load_s
+        self.served.append({"adapter": adapter, "weight_version": version, "served": time.time(),
+                            "load_s": round(load_s, 4)})
+        del self.served[:-100]          # an engine no actor reports for keeps only the latest
 
     def _generate(self, reqs: list[GenRequest]) -> list[list[GenResult]]:
         raise NotImplementedError

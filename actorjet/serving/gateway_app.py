@@ -250,6 +250,8 @@ class GatewayApp:
         same for the chat, Responses and Messages APIs, so their calls merge alike.  ``messages``
         and ``tools`` in chat-completions form; ``tool_choice``: serving/tool_choice.py."""
         role = self._role(request)
+        if self.record:
+            self.store.call_started(episode_id)       # the step timeline's "first call"
         forced = tool_choice_prefix(self.tokenizer, tools, tool_choice, self.tool_parser)
         prompt_ids = self._render(episode_id, role, messages, tools)
         if forced:

@@ -7,6 +7,8 @@ malformed is a 4xx naming the field, never a poisoned store.
 """
 from __future__ import annotations
 
+import math
+
 from actorjet import signing
 from actorjet.checks import int_in, is_int
 from actorjet.rl.rewards import bad_reward
@@ -42,7 +44,12 @@ def check_results(body: dict, secret: str) -> tuple[dict, list[dict]]:
             raise ApiError(400, f"episodes[{i}].reward: {why.removeprefix('invalid reward: ')}", "episodes")
         if not isinstance(e.get("member"), (str, int)) or isinstance(e.get("member"), bool):
             raise ApiError(400, f"episodes[{i}].member must be a string or an integer", "episodes")
-        clean.append({"episode_id": e["episode_id"], "member": e["member"], "reward": e["reward"]})
+        leased_at = e.get("leased_at")
+        if leased_at is not None and (not isinstance(leased_at, (int, float)) or isinstance(leased_at, bool)
+                                      or not math.isfinite(leased_at)):
+            raise ApiError(400, f"episodes[{i}].leased_at must be a time in seconds (or absent)", "episodes")
+        clean.append({"episode_id": e["episode_id"], "member": e["member"], "reward": e["reward"],
+                      **({"leased_at": float(leased_at)} if leased_at is not None else {})})
     group = {"group_id": group["group_id"], "size": group["size"], "task_name": group.get("task_name"),
              "behavior": group.get("behavior"), "version": group.get("version")}
     return group, clean

@@ -62,7 +62,8 @@ CREATE TABLE IF NOT EXISTS episodes (
     group_id    TEXT NOT NULL,
     member      TEXT NOT NULL,                -- its place in the group (a retry takes the same place)
     reward      TEXT,                         -- JSON (NULL: a client episode opened, not ended)
-    stored_at   REAL NOT NULL
+    stored_at   REAL NOT NULL,
+    times       TEXT                          -- JSON [leased, first call, last answer] (the step timeline)
 );
 CREATE INDEX IF NOT EXISTS episodes_by_group ON episodes (group_id);
 CREATE TABLE IF NOT EXISTS groups (
@@ -73,6 +74,7 @@ CREATE TABLE IF NOT EXISTS groups (
     size         INTEGER NOT NULL,
     complete_at  REAL,                        -- every member has a reward (NULL: not yet)
     taken        INTEGER,                     -- claimed by the learner for a batch
+    taken_at     REAL,                        -- when (the step timeline)
     trained_step INTEGER,                     -- learner step that trained it
     quarantine   TEXT,                        -- {cause, sample}: it cannot be trained
     logged       REAL                         -- told to the head as complete (store/completed.py)
@@ -112,6 +114,7 @@ class EpisodeStore:
             self._open_format()
         self.buffer: list = []                   # calls added, not yet flushed
         self.counters: dict[str, int] = {}       # open episodes → their next call index
+        self.times: dict[str, list] = {}         # open episodes → [leased, first call, last answer] (wall clock)
         self.tails = records_mod.Tails()             # open episodes → their latest calls (references)
         # episode → why its key is refused: closed ones (table ``closed``) and ended ones (a
         # reward in ``episodes``: not written twice; after retention a forgotten key's late
@@ -139,6 +142,11 @@ class EpisodeStore:
         if groups and "logged" not in groups:      # from before the stores judged groups: all told
             self.db.execute("ALTER TABLE groups ADD COLUMN logged REAL")
             self.db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")
+        if groups and "taken_at" not in groups:    # from before the step timeline
+            self.db.execute("ALTER TABLE groups ADD COLUMN taken_at REAL")
+        episodes = [r[1] for r in self.db.execute("PRAGMA table_info(episodes)")]
+        if episodes and "times" not in episodes:
+            self.db.execute("ALTER TABLE episodes ADD COLUMN times TEXT")
         closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
         if closed and "cause" not in closed:
             self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
@@ -160,8 +168,16 @@ class EpisodeStore:
     def closed_cause(self, episode_id: str) -> str:
         return self.closed.get(episode_id) or "closed"
 
+    def call_started(self, episode_id: str) -> None:
+        """A call of this episode arrived: its first is a stage of the step timeline."""
+        if episode_id not in self.times and episode_id not in self.closed:
+            self.times[episode_id] = [None, time.time(), None]
+
     def next_index(self, episode_id: str) -> int:
+        """The index of the call being recorded (it was answered now: the timeline's last answer)."""
         with self.lock:
+            if episode_id in self.times:
+                self.times[episode_id][2] = time.time()
             if episode_id not in self.counters:     # after a gateway restart: go on after the stored calls
                 (last,) = self.db.execute("SELECT MAX(call_index) FROM calls WHERE episode_id = ?",
                                           (episode_id,)).fetchone()
@@ -213,8 +229,10 @@ class EpisodeStore:
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO groups (group_id, task_name, behavior, version, size) "
                        "VALUES (?, 'client', 'client', 0, ?)", (group_id, size))
-            db.execute("INSERT OR IGNORE INTO episodes VALUES (?, ?, ?, NULL, ?)",
-                       (episode_id, group_id, episode_id, time.time()))
+            now = time.time()
+            db.execute("INSERT OR IGNORE INTO episodes (episode_id, group_id, member, reward, stored_at) "
+                       "VALUES (?, ?, ?, NULL, ?)", (episode_id, group_id, episode_id, now))
+        self.times.setdefault(episode_id, [now, None, None])     # a client's episode is its own lease
 
     def client_group(self, episode_id: str) -> tuple[str, int] | None:
         with self.lock:
@@ -222,8 +240,9 @@ class EpisodeStore:
                                    "WHERE e.episode_id = ?", (episode_id,)).fetchone()
 
     def put_results(self, group: dict, episodes: list[dict]) -> list[str]:
-        """Store finished episodes' rewards (``episodes``: episode_id, member, reward) with their
-        group (group_id, task_name, behavior, version, size), after every call added so far.
+        """Store finished episodes' rewards (``episodes``: episode_id, member, reward, and
+        leased_at when known) with their group (group_id, task_name, behavior, version, size),
+        after every call added so far.
         Returns the episodes refused because they were closed; idempotent.  A stored episode's
         key is refused from then on (``ENDED``): no call is ever recorded after its reward."""
         self.flush()
@@ -233,9 +252,9 @@ class EpisodeStore:
             db.execute("INSERT OR IGNORE INTO groups (group_id, task_name, behavior, version, size) "
                        "VALUES (?, ?, ?, ?, ?)", (group["group_id"], group.get("task_name"),
                                                   group.get("behavior"), group.get("version"), group["size"]))
-            db.executemany("INSERT OR REPLACE INTO episodes VALUES (?, ?, ?, ?, ?)",
-                           [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now)
-                            for e in episodes if e["episode_id"] not in refused])
+            db.executemany("INSERT OR REPLACE INTO episodes VALUES (?, ?, ?, ?, ?, ?)",
+                           [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now,
+                             self._times(e)) for e in episodes if e["episode_id"] not in refused])
             self._judge(db, group["group_id"], now)
         with self.lock:
             for e in episodes:
@@ -243,9 +262,16 @@ class EpisodeStore:
                     self._remember_closed(e["episode_id"], ENDED)
         return refused
 
+    def _times(self, episode: dict) -> str:
+        """[leased, first call, last answer] of a finished episode, as JSON (None: not seen
+        here, e.g. the gateway restarted during the episode)."""
+        leased, first, last = self.times.get(episode["episode_id"], [None, None, None])
+        return json.dumps([episode.get("leased_at", leased), first, last])
+
     def _remember_closed(self, episode_id: str, cause: str) -> None:
         self.closed[episode_id] = cause
         self.counters.pop(episode_id, None)
+        self.times.pop(episode_id, None)
         self.tails.forget(episode_id)
         while len(self.closed) > MAX_CLOSED_IN_MEMORY:
             self.closed.pop(next(iter(self.closed)))
@@ -319,7 +345,8 @@ class EpisodeStore:
                     query += f" AND group_id NOT IN ({','.join('?' * len(ids))})"
                     args += ids
                 ids += [g for (g,) in db.execute(query + " ORDER BY complete_at LIMIT ?", (*args, n))]
-            db.executemany("UPDATE groups SET taken = 1 WHERE group_id = ?", [(g,) for g in ids])
+            now = time.time()
+            db.executemany("UPDATE groups SET taken = 1, taken_at = ? WHERE group_id = ?", [(now, g) for g in ids])
             return [self._group(db, g) for g in ids]
 
     def _group(self, db, group_id: str) -> dict:
@@ -333,7 +360,7 @@ class EpisodeStore:
             except ValueError as err:       # a broken reference: the learner quarantines the group
                 calls[e] = [{"broken": str(err)}]
         return {"group_id": group_id, "task_name": task, "behavior": behavior, "version": version,
-                "rewards": rewards, "calls": calls}
+                "rewards": rewards, "calls": calls, "timeline": timeline(db, group_id, list(rewards))}
 
     def untake(self, group_ids: list[str]) -> None:
         with self._tx() as db:
@@ -375,6 +402,20 @@ class EpisodeStore:
         complete, trained, episodes = complete + old_groups, trained + old_groups, episodes + old_episodes
         return {"complete": complete, "trained": trained, "quarantined": bad,
                 "pending": complete - trained - bad, "episodes_trained": episodes}
+
+
+def timeline(db, group_id: str, episode_ids: list[str]) -> list[list]:
+    """The step timeline of a group's episodes as far as the store knows it: per episode
+    [episode_id, leased, first call, last answer, stored, complete, taken] (wall clock; the
+    learner adds trained, the engine served: monitor/timeline.py)."""
+    complete, taken = db.execute("SELECT complete_at, taken_at FROM groups WHERE group_id = ?", (group_id,)).fetchone()
+    rows = {e: (stored, times) for e, stored, times in db.execute(
+        "SELECT episode_id, stored_at, times FROM episodes WHERE group_id = ?", (group_id,))}
+    out = []
+    for e in episode_ids:
+        stored, times = rows[e]
+        out.append([e, *(json.loads(times) if times else [None, None, None]), stored, complete, taken])
+    return out
 
 
 class _Transaction:
