@@ -106,10 +106,10 @@ def actorjet_run(args, model_dir: str, out: Path) -> None:
     head = Head(run, load_tree(tree_path("default.toml")), job, port=free_port(), slots=args.runners)
     head.start()
     try:
-        deadline = time.time() + args.timeout
+        deadline, follower = time.time() + args.timeout, metrics.Follower(run)
         while True:
             time.sleep(0.5)
-            trains = [r for r in metrics.read(run) if r.get("kind") == "train"]
+            trains = [r for r in follower.read() if r.get("kind") == "train"]
             if len(trains) >= args.steps:
                 break
             if time.time() > deadline:

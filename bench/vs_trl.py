@@ -150,10 +150,10 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
     wall0 = time.perf_counter()
     head.start()
     try:
-        cpu_from = None
+        cpu_from, follower = None, metrics.Follower(run)
         while True:
             time.sleep(0.5)
-            rows = metrics.read(run)
+            rows = follower.read()
             trained = max((r["step"] for r in rows if r.get("kind") == "train"), default=0)
             if cpu_from is None and trained >= CPU_FROM_STEP:
                 roles = process_roles(head, str(out))

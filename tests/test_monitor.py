@@ -192,3 +192,15 @@ def test_top_says_when_the_head_is_gone_and_comes_back_with_it():
         assert Poller(server.url, "wrong").poll() is None
     finally:
         server.stop()
+
+
+def test_the_metrics_follower_parses_only_new_whole_lines_and_agrees_with_a_full_read(tmp_path):
+    follower = metrics.Follower(tmp_path)
+    assert follower.read() == []                                   # no file yet
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "train", "step": 1}\n{"kind": "tr')     # the second line is being written
+    assert [r["step"] for r in follower.read()] == [1]
+    with open(path, "a") as f:
+        f.write('ain", "step": 2}\n[1, 2]\n{not json\n{"kind": "eval", "step": 2}\n')
+    assert follower.read() == metrics.read(tmp_path) and len(follower.rows) == 3
+    assert follower.read() == metrics.read(tmp_path)                # nothing new: the same rows

@@ -83,6 +83,19 @@ def test_503_is_retried_and_a_dropped_idle_connection_is_reopened(scripted):
     assert server.seen == ["busy", "busy", "drop-after", "close", "ok"]
 
 
+def test_an_agents_calls_from_one_thread_share_one_kept_alive_connection(scripted):
+    """An answer read to its end leaves the connection open for the next call (it did not:
+    http.client never marks a Content-Length body read with read1 as closed, and every call
+    opened a new connection — a TCP connect and accept per LLM call on both sides)."""
+    server, url = scripted
+    for k in range(4):
+        assert ask(llm(url, f"t{k}").client()).choices[0].message.content == "42"   # a new episode each time
+    assert len(server.ports) == 4 and len(set(server.ports)) == 1
+    stream = llm(url, "t9").client().chat.completions.create(model="tiny", messages=[], stream=False,
+                                                            max_tokens=2)
+    assert stream.choices[0].message.content == "42" and len(set(server.ports)) == 1
+
+
 def test_timeouts_and_dead_servers_are_the_sdks_errors(scripted):
     server, url = scripted
     server.script[:] = ["hang"]

@@ -98,11 +98,12 @@ def _train(head, run_dir, steps, console, Progress, BarColumn, TextColumn, TimeE
                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task("train", total=steps, info="starting the swarm…")
         last_change, last_step = time.time(), -1
+        follower = metrics.Follower(run_dir)
         while True:
             msg = head.poll(0.5)
             if isinstance(msg, m.Escalated) and msg.path == "root":
                 raise UserError(f"the supervisor tree gave up: {msg.reason}")
-            rows = metrics.read(run_dir)
+            rows = follower.read()
             train = [r for r in rows if r.get("kind") == "train"]
             evals = [r for r in rows if r.get("kind") == "eval"]
             step = train[-1]["step"] if train else 0

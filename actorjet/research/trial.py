@@ -48,12 +48,13 @@ def main(run_dir: str) -> int:
     head.start()
     try:
         last, since = -1, time.time()
+        follower = metrics.Follower(run)
         while True:
             msg = head.poll(0.5)
             if isinstance(msg, m.Escalated) and msg.path == "root":
                 print(f"trial failed: the supervisor tree gave up: {msg.reason}", file=sys.stderr)
                 return 1
-            rows = metrics.read(run)
+            rows = follower.read()
             train = [r["step"] for r in rows if r.get("kind") == "train"]
             evals = [r["step"] for r in rows if r.get("kind") == "eval"]
             step = train[-1] if train else 0

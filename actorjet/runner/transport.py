@@ -38,6 +38,7 @@ class _Body(httpx.SyncByteStream):
 
     def __init__(self, response: http.client.HTTPResponse, on_close):
         self.response, self.on_close = response, on_close
+        self.whole = False          # read to its end: the connection can carry the next request
 
     def __iter__(self) -> Iterator[bytes]:
         while True:
@@ -48,11 +49,12 @@ class _Body(httpx.SyncByteStream):
             except (OSError, http.client.HTTPException) as e:
                 raise httpx.ReadError(str(e)) from None
             if not chunk:
+                self.whole = True
                 return
             yield chunk
 
     def close(self) -> None:
-        self.on_close(self.response)
+        self.on_close(self.response, self.whole)
 
 
 class LeanTransport(httpx.BaseTransport):
@@ -108,8 +110,13 @@ class LeanTransport(httpx.BaseTransport):
                 conn.close()
                 raise httpx.ConnectError(str(e), request=request) from None
 
-        def done(resp: http.client.HTTPResponse) -> None:
-            if not resp.isclosed():      # unread rest (a stream left early): the connection cannot be reused
+        def done(resp: http.client.HTTPResponse, whole: bool) -> None:
+            # Read to its end, the connection is kept for the next call (keep-alive).  Note that
+            # http.client does not mark a Content-Length body read with read1 as closed, so
+            # ``isclosed()`` cannot tell: every call opened a new connection (a TCP connect
+            # and accept per LLM call, on both sides).  An unread rest (a stream left early):
+            # the connection cannot be reused.
+            if not whole and not resp.isclosed():
                 conn.close()
             resp.close()
 
