@@ -6,8 +6,8 @@
     source = "tiny-arith"            # tiny-arith | smollm2-135m | a local HF directory
     [[tasks]]
     name = "arithmetic"
-    source = "agents.arithmetic"     # module: tasks(seed), optional eval_tasks/messages/score
-    behavior = "agents.arithmetic:behavior"
+    source = "actorjet_agents.arithmetic"     # module: tasks(seed), optional eval_tasks/messages/score
+    behavior = "actorjet_agents.arithmetic:behavior"
     [train]
     steps = 100
 """
@@ -73,7 +73,7 @@ def normalize(data: dict, where: str = "job") -> dict:
     for i, model in enumerate(data.get("models", [{}])):
         job["models"].append(_section(model, MODEL_DEFAULTS, f"{where}: models[{i}]"))
     for i, task in enumerate(data.get("tasks", [{}])):
-        job["tasks"].append(_section(task, TASK_DEFAULTS, f"{where}: tasks[{i}]"))
+        job["tasks"].append(task_section(task, f"{where}: tasks[{i}]"))
     for key in data:
         if key not in ("models", "tasks", "train"):
             raise UserError(f"{where}: unknown section [{key}] (expected models, tasks, train)")
@@ -176,6 +176,36 @@ def sharing(job: dict, name: str) -> dict[str, dict]:
 def engine_of(job: dict, name: str) -> str:
     """Whose engine serves model ``name``: its own, or its base's."""
     return model_config(job, name).get("base") or name
+
+
+EXAMPLES = "actorjet_agents"      # the repository's agents/ folder, as installed (setup.cfg)
+
+
+def examples_name(ref: str) -> str:
+    """A module (or module:function) name as the job gave it → the one to import.  The example
+    behaviors live in the repository's ``agents/`` folder and install as ``actorjet_agents``
+    (a top-level ``agents`` is the OpenAI Agents SDK's), so ``agents.arithmetic`` — the folder's
+    name, as job files and docs wrote it — means ``actorjet_agents.arithmetic`` when that exists."""
+    import importlib.util
+
+    module, colon, rest = ref.partition(":")
+    if not module.startswith("agents."):
+        return ref
+    ours = EXAMPLES + module[len("agents"):]
+    try:
+        found = importlib.util.find_spec(ours) is not None
+    except (ImportError, ValueError):
+        found = False
+    return ours + colon + rest if found else ref
+
+
+def task_section(given: dict, where: str) -> dict:
+    """A task's entry, checked, with its source and behavior named as they are imported."""
+    task = _section(given, TASK_DEFAULTS, where)
+    for key in ("source", "behavior"):
+        if isinstance(task.get(key), str):
+            task[key] = examples_name(task[key])
+    return task
 
 
 def _section(given: dict, defaults: dict, where: str) -> dict:

@@ -88,8 +88,8 @@ MODEL = {
 
 TASK = {
     "name": Field("arithmetic", "the task's name"),
-    "source": Field("agents.arithmetic", "module with tasks(seed) and optional eval_tasks/messages/score"),
-    "behavior": Field("agents.arithmetic:behavior", "module:function, the agent code that runs an episode"),
+    "source": Field("actorjet_agents.arithmetic", "module with tasks(seed) and optional eval_tasks/messages/score"),
+    "behavior": Field("actorjet_agents.arithmetic:behavior", "module:function, the agent code that runs an episode"),
     "weight": Field(1.0, "its share of each batch among the job's tasks", {"log_uniform": [0.25, 4.0]}),
 }
 

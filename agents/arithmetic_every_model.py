@@ -4,7 +4,7 @@ say — learn side by side from one task source (tests/test_algorithms_train.py)
 set, its prompts and its scoring are the quickstart's (agents/arithmetic.py)."""
 from __future__ import annotations
 
-from agents.arithmetic import eval_tasks, messages, score, tasks  # noqa: F401  (this source's held-out set)
+from actorjet_agents.arithmetic import eval_tasks, messages, score, tasks  # noqa: F401  (this source's held-out set)
 
 
 def behavior(task: dict, llm) -> dict:

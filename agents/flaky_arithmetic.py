@@ -19,7 +19,7 @@ import os
 import random
 import time
 
-from agents import arithmetic as plain
+from actorjet_agents import arithmetic as plain
 
 
 _LEAKED: list = []

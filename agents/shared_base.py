@@ -15,8 +15,8 @@ holds tiny-arith once and serves both adapters.  Run it with:
 """
 from __future__ import annotations
 
-from agents import arithmetic
-from agents.arithmetic import tasks  # noqa: F401  - the task stream: 2-digit additions
+from actorjet_agents import arithmetic
+from actorjet_agents.arithmetic import tasks  # noqa: F401  - the task stream: 2-digit additions
 
 
 def rounded(answer: str) -> str:

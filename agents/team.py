@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import random
 
-from agents import arithmetic
-from agents.arithmetic import tasks  # noqa: F401  - the task stream: 2-digit additions
+from actorjet_agents import arithmetic
+from actorjet_agents.arithmetic import tasks  # noqa: F401  - the task stream: 2-digit additions
 from actorjet.models.zoo import judge_prompt
 
 JUDGE_EVAL_SEED = 777

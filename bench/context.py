@@ -97,7 +97,7 @@ def real_episodes(model_dir: Path, n_episodes: int = 16) -> tuple[list, object]:
     from actorjet.serving.gateway_app import GatewayApp, local_backend
     from actorjet.serving.serve import AppServer
     from actorjet.runner.llm import LLM
-    from agents import multiturn
+    from actorjet_agents import multiturn
 
     engine = TransformersEngine(model_dir)
     gw = GatewayApp("m", engine.tokenizer, local_backend(engine), "bench", engine.max_len)

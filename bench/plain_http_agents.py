@@ -12,7 +12,7 @@ import threading
 from urllib.parse import urlsplit
 
 import digits_task
-from agents import arithmetic as arithmetic_task
+from actorjet_agents import arithmetic as arithmetic_task
 
 
 def _chat(llm, messages: list[dict], max_tokens: int) -> str:

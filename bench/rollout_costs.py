@@ -72,7 +72,7 @@ def sdk_call(rounds: int) -> dict:
     import openai
 
     from actorjet.runner.transport import LeanTransport
-    from agents import arithmetic
+    from actorjet_agents import arithmetic
 
     server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
     try:
@@ -96,7 +96,7 @@ def engine_batches(rounds: int) -> tuple[dict, dict]:
 
     from actorjet.models import zoo
     from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
-    from agents import arithmetic
+    from actorjet_agents import arithmetic
 
     torch.set_num_threads(1)              # as the engine actor runs a small model
     engine = TransformersEngine(zoo.resolve("tiny-arith", 0), start_thread=False)

@@ -63,7 +63,7 @@ def trl_run(seed: int, steps: int, out: Path, device: str = "cpu") -> None:
     from actorjet.models import zoo
     from actorjet.models.evaluate import greedy_accuracy
     from actorjet.models.heldout import eval_spec
-    from agents import arithmetic
+    from actorjet_agents import arithmetic
 
     torch.manual_seed(seed)
     path = zoo.resolve("tiny-arith", 0)

@@ -240,7 +240,7 @@ def test_real_multi_turn_episodes_through_the_gateway_merge_exactly(model):
     from actorjet.serving.gateway_app import GatewayApp, local_backend
     from actorjet.serving.serve import AppServer
     from actorjet.runner.llm import LLM
-    from agents import multiturn
+    from actorjet_agents import multiturn
 
     engine = TransformersEngine(zoo.tiny_arith(0), seed=0)
     gw = GatewayApp("m", engine.tokenizer, local_backend(engine), "test", engine.max_len)

@@ -19,16 +19,14 @@ import pytest
 
 from actorjet import signing
 from actorjet.rl.calls import messages
-from agents import calculator as calc
+from actorjet_agents import calculator as calc
 from extras import needs_smollm2
 from gateways import tiny_gateway
 
 pytestmark = [pytest.mark.slow,
               needs_smollm2]
-for package in ("langgraph", "langchain_openai", "anthropic", "agentscope"):
+for package in ("langgraph", "langchain_openai", "anthropic", "agentscope", "agents"):
     pytest.importorskip(package, reason="pip install -e '.[frameworks]' for the framework tests")
-if not __import__("agents")._SDK:
-    pytest.skip("pip install -e '.[frameworks]' for the framework tests (openai-agents)", allow_module_level=True)
 
 SECRET = "tools"
 TASK = {"question": "What is 583 * 94?", "answer": "54802"}
@@ -40,7 +38,7 @@ def langgraph_react(url: str, key: str) -> dict:
     from langchain_openai import ChatOpenAI
     from langgraph.prebuilt import create_react_agent
 
-    from agents.examples.langgraph_react import calculator
+    from actorjet_agents.examples.langgraph_react import calculator
 
     model = ChatOpenAI(model="smollm2", base_url=url + "/v1", api_key=key, max_retries=0, temperature=0,
                        max_tokens=MAX_TOKENS)
@@ -60,7 +58,7 @@ def openai_agents_sdk(url: str, key: str) -> dict:
     from openai import AsyncOpenAI
 
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
-    from agents.examples.openai_agents_sdk import calculator
+    from actorjet_agents.examples.openai_agents_sdk import calculator
     from agents.items import ToolCallItem, ToolCallOutputItem
 
     set_tracing_disabled(True)
@@ -78,7 +76,7 @@ def openai_agents_sdk(url: str, key: str) -> dict:
 def anthropic_sdk(url: str, key: str) -> dict:
     import anthropic
 
-    from agents.examples.anthropic_calculator import TOOLS
+    from actorjet_agents.examples.anthropic_calculator import TOOLS
 
     client = anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
     messages, calls, results = [{"role": "user", "content": TASK["question"]}], [], []
@@ -106,7 +104,7 @@ def agentscope_react(url: str, key: str) -> dict:
     from agentscope.model import OpenAIChatModel
     from agentscope.tool import FunctionTool, ToolChoice, Toolkit
 
-    from agents.examples import agentscope_react as example
+    from actorjet_agents.examples import agentscope_react as example
 
     ran = []
 

@@ -5,6 +5,7 @@ then every example agent training on a real head (agents/examples/)."""
 import asyncio
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +13,8 @@ from actorjet import signing
 from gateways import tiny_gateway
 from swarm import REPO, wait_until
 
-for package in ("langgraph", "langchain_openai", "anthropic", "agentscope"):      # extra `frameworks` (CI installs it)
+for package in ("langgraph", "langchain_openai", "anthropic", "agentscope", "agents"):   # extra `frameworks` (CI installs it)
     pytest.importorskip(package, reason="pip install -e '.[frameworks]' for the framework tests")
-if not __import__("agents")._SDK:
-    pytest.skip("pip install -e '.[frameworks]' for the framework tests (openai-agents)", allow_module_level=True)
 
 pytestmark = pytest.mark.slow      # the frameworks take ~15 s to import: not in the fast tier
 SECRET = "frameworks"
@@ -33,35 +32,22 @@ def calls_of(gw, episode):
     return gw.store.calls([episode])[episode]
 
 
-def test_no_module_of_ours_shadows_one_of_the_agents_sdk():
-    """agents/__init__.py lets this repository's `agents` and the SDK's live side by side."""
+def test_the_examples_install_as_actorjet_agents_and_agents_is_the_sdks():
+    """The repository's agents/ folder is the package actorjet_agents (setup.cfg), never a
+    top-level `agents`: that is the OpenAI Agents SDK's, which imports whole beside it.  A job
+    naming `agents.arithmetic` (the folder's name) resolves to actorjet_agents.arithmetic."""
     import agents
-    from agents import Agent, Runner                                  # the SDK's names, through ours
-    sdk = os.path.dirname(agents._SDK or "")
+    from agents import Agent, Runner
+    from actorjet.config import examples_name, normalize
+    import actorjet_agents.arithmetic as arithmetic
+
     assert Agent.__module__ == "agents.agent" and Runner.__module__ == "agents.run"
-    ours = {p.stem for p in (REPO / "agents").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
-    theirs = {name.removesuffix(".py") for name in os.listdir(os.path.join(sdk, "agents"))}
-    assert not (ours - {"__init__"}) & theirs
-
-
-def test_a_task_source_imported_outside_the_repository_does_not_load_the_sdk(tmp_path):
-    """Started away from the repository (as the `actorjet` console script is), Python finds the
-    SDK's `agents` first; importing actorjet puts ours first (actorjet/__init__.py), so a task
-    source loads without the SDK's 1.8 s import, and the SDK's names still load on demand."""
-    import subprocess
-    import sys
-
-    code = ("import os, sys, actorjet, agents.arithmetic\n"
-            "ours = os.path.join(os.path.dirname(os.path.dirname(actorjet.__file__)), 'agents', '__init__.py')\n"
-            "print(agents.__file__ == ours, 'agents.agent' in sys.modules)\n"
-            "from agents import Agent\n"
-            "print(Agent.__module__)\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    first, second = out.stdout.split("\n")[:2]
-    assert first == "True False", out.stdout                                   # ours, the SDK not loaded
-    assert second == "agents.agent"                                             # then the SDK, when asked
+    assert "site-packages" in agents.__file__ and not (REPO / "agents" / "__init__.py").exists()
+    assert Path(arithmetic.__file__).parent == REPO / "agents"
+    job = normalize({"tasks": [{"name": "a", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}]})
+    assert (job["tasks"][0]["source"], job["tasks"][0]["behavior"]) == \
+        ("actorjet_agents.arithmetic", "actorjet_agents.arithmetic:behavior")
+    assert examples_name("agents.run") == "agents.run"            # none of ours: the name as given
 
 
 def test_langchain_invoke_stream_async_and_batch(served):

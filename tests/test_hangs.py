@@ -76,7 +76,7 @@ def test_flaky_agent_hangs_without_killing_its_process():
     script = textwrap.dedent("""
         import os
         os.environ.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="1", AJ_FLAKY_HANG_S="0")
-        from agents.flaky_arithmetic import behavior
+        from actorjet_agents.flaky_arithmetic import behavior
 
         class Reached(Exception):
             pass

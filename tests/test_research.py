@@ -71,7 +71,7 @@ def test_study_mistakes_name_the_field(over, message):
 
 
 def test_split_less_task_sources_are_refused_by_a_study(tmp_path, monkeypatch):
-    (tmp_path / "onesplit.py").write_text("from agents.arithmetic import tasks, messages, score\n"
+    (tmp_path / "onesplit.py").write_text("from actorjet_agents.arithmetic import tasks, messages, score\n"
                                           "def eval_tasks():\n    return [{'question': '1+1=', 'answer': '2'}]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     base = dict(BASE, tasks=[dict(BASE["tasks"][0], source="onesplit")])

@@ -68,7 +68,7 @@ def test_ppo_with_per_turn_rewards_takes_the_calculator_tasks_first_steps(tmp_pa
     from actorjet.serving.serve import AppServer
     from actorjet.serving.transformers_engine import TransformersEngine
     from actorjet.config import normalize
-    from agents import calculator
+    from actorjet_agents import calculator
 
     torch.manual_seed(0)
     torch.set_num_threads(2)

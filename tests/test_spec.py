@@ -140,7 +140,7 @@ def test_cli_checks_task_code_before_starting(tmp_path, module, behavior_code, m
     ("test", "onesplit", "asks for the held-out split 'test', but onesplit.eval_tasks has one set only"),
 ])
 def test_a_held_out_split_the_task_lacks_is_refused_before_starting(tmp_path, split, source, message):
-    (tmp_path / "onesplit.py").write_text("from agents.arithmetic import tasks, behavior, messages, score\n"
+    (tmp_path / "onesplit.py").write_text("from actorjet_agents.arithmetic import tasks, behavior, messages, score\n"
                                           "def eval_tasks():\n    return [{'question': '1+1=', 'answer': '2'}]\n")
     job = tmp_path / "job.toml"
     job.write_text(f'[[models]]\neval_split = "{split}"\n[[tasks]]\nname = "t"\nsource = "{source}"\n'

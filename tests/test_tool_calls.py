@@ -13,7 +13,7 @@ from actorjet.serving.gateway_app import GatewayApp, local_backend
 from actorjet.models.heldout import eval_spec
 from actorjet.serving.serve import AppServer
 from actorjet.serving.tool_calls import MAX_CLOSERS, format_call, inline_tools, split_pythonic, template_knows_tools
-from agents import arithmetic, calculator
+from actorjet_agents import arithmetic, calculator
 
 SECRET = "tool-secret"
 TOOLS = calculator.TOOLS

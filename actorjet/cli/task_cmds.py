@@ -7,7 +7,7 @@ from actorjet.runtime import system
 
 EXAMPLES = """\
 examples:
-  actorjet task add terse --source agents.arithmetic --behavior agents.arithmetic_v2:behavior --weight 0.5
+  actorjet task add terse --source actorjet_agents.arithmetic --behavior actorjet_agents.arithmetic_v2:behavior --weight 0.5
   actorjet task pause terse            no new groups; the ones in flight finish and train
   actorjet task resume terse
   actorjet task remove terse

@@ -13,7 +13,7 @@ from pathlib import Path
 QUICKSTART_JOB = {
     "models": [{"name": "policy", "source": "tiny-arith", "lr": 1e-4, "eval_every": 10,
                 "checkpoint_every": 1000, "max_batch": 256}],
-    "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
+    "tasks": [{"name": "arithmetic", "source": "actorjet_agents.arithmetic", "behavior": "actorjet_agents.arithmetic:behavior"}],
     "train": {"group_size": 8, "groups_per_step": 32, "steps": 150, "max_staleness": 1, "seed": 0,
               "runner_concurrency": 64},
 }

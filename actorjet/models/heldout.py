@@ -21,7 +21,9 @@ def eval_spec(source: str, model_name: str, split: str = "validation") -> tuple 
     """(eval_tasks, messages, score) that measure ``model_name`` on ``split`` of this task
     source, or None.  A source whose ``eval_tasks`` takes no ``split`` has one held-out set,
     which counts as its validation split."""
-    module = importlib.import_module(source)
+    from actorjet.config import examples_name
+
+    module = importlib.import_module(examples_name(source))
     if hasattr(module, "eval_for"):
         spec = module.eval_for(model_name)
     elif hasattr(module, "eval_tasks") and hasattr(module, "eval_episode"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from actorjet.config import model_config
+from actorjet.config import examples_name, model_config
 from actorjet.errors import UserError
 from actorjet.models.heldout import eval_spec
 
@@ -24,8 +24,8 @@ def check_tasks(job: dict) -> None:
     for task in job["tasks"]:
         where = f"task {task['name']!r}"
         try:
-            source = importlib.import_module(task["source"])
-            module_name, _, fn_name = task["behavior"].partition(":")
+            source = importlib.import_module(examples_name(task["source"]))
+            module_name, _, fn_name = examples_name(task["behavior"]).partition(":")
             module = importlib.import_module(module_name)
         except Exception as e:  # noqa: BLE001 - user code may fail to import in any way
             raise UserError(f"{where}: cannot import its code: {type(e).__name__}: {e}") from None

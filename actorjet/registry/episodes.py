@@ -136,10 +136,10 @@ class EpisodeDesk:
             if source is not None:
                 error = f"task {msg.name!r} exists already"
             else:
-                from actorjet.config import TASK_DEFAULTS, _section
+                from actorjet.config import task_section
                 from actorjet.errors import UserError
                 try:
-                    cfg = _section({**msg.config, "name": msg.name}, TASK_DEFAULTS, f"task {msg.name}")
+                    cfg = task_section({**msg.config, "name": msg.name}, f"task {msg.name}")
                     seed = self.job.get("train", {}).get("seed", 0)
                     self.sources.append(TaskSource(cfg, seed, self.token, self.store))
                 except (UserError, ImportError, AttributeError, ValueError) as e:

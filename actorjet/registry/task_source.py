@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib
 
 from actorjet import behaviors
+from actorjet.config import examples_name
 from actorjet.registry.behavior_store import BehaviorStore
 
 
 def load_function(ref: str):
-    module_name, _, name = ref.partition(":")
+    module_name, _, name = examples_name(ref).partition(":")
     module = importlib.import_module(module_name)
     return module, getattr(module, name)
 
@@ -26,7 +27,7 @@ class TaskSource:
         self.name, self.cfg, self.secret = cfg["name"], cfg, secret
         self.behavior = self.name
         self.weight, self.state, self.issued = float(cfg.get("weight", 1.0)), "active", 0
-        self.tasks = importlib.import_module(cfg["source"]).tasks(seed)
+        self.tasks = importlib.import_module(examples_name(cfg["source"])).tasks(seed)
         current = store.current(self.name)
         if current is None or store.index(self.name).get("config") != cfg["behavior"]:
             module, fn = load_function(cfg["behavior"])

@@ -181,7 +181,10 @@ class _Forms:
         if len(trained) != 1:
             raise UserError(f"compare: the base job trains {len(trained)} models ({', '.join(trained)}); give a base "
                             "job with one trained model, or a planner")
-        tasks = [t for t in job["tasks"] if p["task"] in (t["name"], t["source"], t["source"].rsplit(".", 1)[-1])]
+        from actorjet.config import examples_name
+
+        tasks = [t for t in job["tasks"] if p["task"] in (t["name"], t["source"], t["source"].rsplit(".", 1)[-1])
+                 or examples_name(p["task"]) == t["source"]]
         if not tasks:
             raise UserError(f"compare: the base job has no task {p['task']!r} (its tasks: "
                             f"{', '.join(t['name'] for t in job['tasks'])}); give a base job that trains it")

@@ -8,7 +8,7 @@ pure function, so the agent's permission context allows it (without the rule, ev
 the reply with "I'm waiting for your permission").
 
     as a behavior:  behavior = "agents.examples.agentscope_react:behavior"
-    client mode:    python -m agents.examples.client_mode agents.examples.agentscope_react GATEWAY --token T
+    client mode:    python -m actorjet_agents.examples.client_mode actorjet_agents.examples.agentscope_react GATEWAY --token T
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from agentscope.permission import PermissionBehavior, PermissionContext, Permiss
 from agentscope.state import AgentState
 from agentscope.tool import FunctionTool, ToolChunk, Toolkit
 
-from agents import calculator as calc
+from actorjet_agents import calculator as calc
 
 
 def calculator(expression: str) -> ToolChunk:

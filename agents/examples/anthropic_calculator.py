@@ -6,13 +6,13 @@ It speaks only the Messages API (``POST /v1/messages``): the episode key goes in
 each call like a chat call, so the turns merge into one training sequence.
 
     as a behavior:  behavior = "agents.examples.anthropic_calculator:behavior"
-    client mode:    python -m agents.examples.client_mode agents.examples.anthropic_calculator GATEWAY --token T
+    client mode:    python -m actorjet_agents.examples.client_mode actorjet_agents.examples.anthropic_calculator GATEWAY --token T
 """
 from __future__ import annotations
 
 import anthropic
 
-from agents import calculator
+from actorjet_agents import calculator
 
 TOOLS = [{"name": "calculator", "description": "Evaluate an arithmetic expression.",
           "input_schema": calculator.TOOLS[0]["function"]["parameters"]}]

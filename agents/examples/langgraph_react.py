@@ -8,7 +8,7 @@ one training sequence.  Works on any task with ``question`` and ``answer`` (the 
 of the final answer is scored).
 
     as a behavior:  behavior = "agents.examples.langgraph_react:behavior"
-    client mode:    python -m agents.examples.client_mode agents.examples.langgraph_react GATEWAY --token T
+    client mode:    python -m actorjet_agents.examples.client_mode actorjet_agents.examples.langgraph_react GATEWAY --token T
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.errors import GraphRecursionError
 from langgraph.prebuilt import create_react_agent
 
-from agents import calculator as calc
+from actorjet_agents import calculator as calc
 
 
 @tool

@@ -8,14 +8,14 @@ send spans to OpenAI.  (The SDK's import name is ``agents``, like this repositor
 agents/__init__.py makes both importable.)
 
     as a behavior:  behavior = "agents.examples.openai_agents_sdk:behavior"
-    client mode:    python -m agents.examples.client_mode agents.examples.openai_agents_sdk GATEWAY --token T
+    client mode:    python -m actorjet_agents.examples.client_mode actorjet_agents.examples.openai_agents_sdk GATEWAY --token T
 """
 from __future__ import annotations
 
 from openai import AsyncOpenAI
 
 from agents import Agent, MaxTurnsExceeded, ModelBehaviorError, ModelSettings, OpenAIResponsesModel, Runner, function_tool
-from agents import calculator as calc
+from actorjet_agents import calculator as calc
 from agents import set_tracing_disabled
 
 
