@@ -151,9 +151,12 @@ def main() -> None:
             ("head kill + restart → next step", f"{result['head_recovery_s']:.1f} s", "-"),
             ("learner steps reached", f"{result['final_step']} / {args.steps}", "all"),
             ("reward first 10 → last 10 steps", f"{result['reward_first']:.3f} → {result['reward_last']:.3f}", "rises"),
-            ("episode faults (aborted by cause)", json.dumps(result["aborted_by_cause_last_epoch"]), "-")]
+            ("episode faults (aborted by cause)", json.dumps(result["aborted_by_cause_last_epoch"]), "-"),
+            ("processes left after cleanup", result["leftover_processes"], "0")]
     table(rows, ("measure", "result", "target"))
     write("chaos", result)
+    if result["leftover_processes"]:
+        sys.exit(f"bench/chaos.py: {result['leftover_processes']} processes outlived the bench")
 
 
 def run(swarm: Swarm, net: hosts.Network, tmp: Path, steps: int, rng: random.Random) -> dict:

@@ -104,6 +104,8 @@ def main() -> None:
     write(args.name, result)
     print(f"wrote bench/results/{args.name}.json and bench/results/plots/{args.name}.png")
     print(json.dumps(result["node_losses"], indent=1))
+    if not result["targets_met"]:
+        sys.exit("bench/soak.py: a target was not met (the table says which)")
 
 
 if __name__ == "__main__":

@@ -98,9 +98,12 @@ def main() -> None:
             ("groups checked: label = code that ran", f"{result['groups_label_ok']}/{result['groups_checked']}", "all"),
             ("rollback restored old code", result["rollback_restored"], "True"),
             ("bad payloads refused", f"{result['bad_payloads_refused']}/3", "3/3"),
+            ("processes left after cleanup", result["leftover_processes"], "0"),
             ("learner steps during the bench", result["learner_steps"], "> 0")]
     table(rows, ("measure", "result", "target"))
     write("upgrade", result)
+    if left:
+        sys.exit(f"bench/upgrade.py: {left} processes outlived the bench")
 
 
 def run(swarm: Swarm, net: hosts.Network, tmp: Path, args) -> dict:

@@ -280,6 +280,8 @@ def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:
         ("false node losses", str(len(r["node_losses"]["false"])), "0", not r["node_losses"]["false"]),
         ("groups lost / episodes doubled", f"{r['groups_lost']} / {r['episodes_duplicated']}", "0 / 0",
          r["groups_lost"] == 0 and r["episodes_duplicated"] == 0),
+        *([("processes left after cleanup", str(r["leftover_processes"]), "0", r["leftover_processes"] == 0)]
+          if "leftover_processes" in r else []),
     ]
 
 

@@ -173,9 +173,11 @@ class Swarm:
             for p in system.system_processes(port):
                 with contextlib.suppress(psutil.Error):
                     p.kill()
-        for p in self.leftovers():      # e.g. systems inside a network namespace
+        left = self.leftovers()         # e.g. systems inside a network namespace
+        for p in left:
             with contextlib.suppress(psutil.Error):
                 p.kill()
+        system.reap(left, 5)            # gone (or zombies) before anyone counts what is left
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes whose ACTORJET_HOME lies in this test's directory: only ones it started."""
@@ -183,7 +185,7 @@ class Swarm:
         for p in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error):
                 home = p.environ().get("ACTORJET_HOME", "")
-                if p.pid != os.getpid() and home.startswith(str(self.tmp) + os.sep):
+                if p.pid != os.getpid() and home.startswith(str(self.tmp) + os.sep) and system.still_running(p):
                     mine.append(p)
         return mine
 

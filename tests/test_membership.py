@@ -146,7 +146,11 @@ def test_stale_system_of_a_crashed_head_is_cleaned_up_then_stop_works(swarm, tmp
     import signal
     run = tmp_path / "run"
     head, port, _ = swarm.head(run, str(trees / "nodes.toml"))
-    os.kill(head.popen.pid, signal.SIGKILL)          # the CLI dies, its daemonized admin stays
+    import psutil
+    [watcher] = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and
+                 "actorjet.runtime.owner_watch" in p.info["cmdline"] and str(port) in p.info["cmdline"]]
+    watcher.kill()                                   # (the watcher would end the system with the CLI:
+    os.kill(head.popen.pid, signal.SIGKILL)          # test_stops.py) the CLI dies, its daemonized admin stays
     head.popen.wait(10)
     assert system.system_processes(port), "thespian's admin should have outlived the CLI"
     head2, _, _ = swarm.head(run, str(trees / "nodes.toml"), port=port)

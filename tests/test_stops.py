@@ -45,3 +45,51 @@ def test_a_system_whose_admin_exits_mid_scan_has_no_processes_left(monkeypatch):
     gone.wait()
     monkeypatch.setattr(system, "admin_pid", lambda port: gone.pid)
     assert system.system_processes(12345) == []
+
+
+def test_a_sigkilled_front_process_takes_its_whole_actor_system_with_it(swarm, trees, tmp_path):
+    """Issue 51: the front process of a head, a joined node, an outbound node and a research
+    trial's head is SIGKILLed (as the OOM killer would): within seconds nothing of it is left
+    (runtime/owner_watch.py), its admin included, and its port is free."""
+    import json
+    import os
+    import signal
+    import sys
+    import time
+
+    from actorjet.models.prepare import prepare
+    from swarm import REPO, wait_until
+
+    head, port, token = swarm.head(tmp_path / "run", str(trees / "trials.toml"), slots=1)   # a door, no model
+    door = head.wait_for(r"--outbound (\S+)").group(1)
+    node, node_port = swarm.join(port, token, "member", slots=1)
+    outbound = swarm.outbound(door, token, "laptop", slots=1)
+    trial_dir = tmp_path / "trial"
+    trial_dir.mkdir()
+    job = prepare(normalize({"train": {"steps": 10 ** 6}}, "trial"))
+    (trial_dir / "job.json").write_text(json.dumps(job))
+    trial = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(trial_dir)], cwd=REPO,
+                             env=swarm.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        info = wait_until(lambda: (trial_dir / "head.json").exists() and json.loads((trial_dir / "head.json").read_text()),
+                          120, what="the trial's head")
+        trial_port = info["port"]
+        wait_until(lambda: len(system.system_processes(trial_port)) >= 3, 60, what="the trial's actors")
+        systems = {"head": port, "node": node_port, "trial head": trial_port}
+        procs = {name: system.system_processes(p) for name, p in systems.items()}
+        assert all(len(ps) >= 2 for ps in procs.values()), procs            # an admin and its actors each
+        fronts = {"head": head.popen.pid, "node": node.popen.pid, "outbound node": outbound.popen.pid,
+                  "trial head": trial.pid}
+        killed = time.monotonic()
+        for pid in fronts.values():
+            os.kill(pid, signal.SIGKILL)
+        left = lambda: {name: [p.pid for p in ps if system.still_running(p)] for name, ps in procs.items()}  # noqa: E731
+        wait_until(lambda: not any(left().values()), 15, interval_s=0.2, what="every actor system to end")
+        gone_s = time.monotonic() - killed
+        assert not any(system.port_in_use("127.0.0.1", p) for p in systems.values())
+        assert outbound.popen.wait(5) == -signal.SIGKILL and not swarm.leftovers()
+        print(f"every actor system ended {gone_s:.1f} s after its front process was SIGKILLed")
+    finally:
+        if trial.poll() is None:
+            trial.kill()
+        trial.wait(10)

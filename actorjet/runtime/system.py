@@ -23,7 +23,7 @@ import psutil
 from thespian.actors import ActorSystem, InvalidActorAddress
 
 from actorjet.errors import UserError
-from actorjet.runtime import endpoints, frames, logs
+from actorjet.runtime import endpoints, frames, logs, owner_watch
 
 BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
@@ -118,10 +118,12 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, tok
     if preload is not None:
         preload()               # after OMP_WAIT_POLICY: OpenMP reads it when torch loads it
     try:
-        return ActorSystem(BASE, capabilities, logDefs=thespian_log_defs(log_dir), transientUnique=True)
+        asys = ActorSystem(BASE, capabilities, logDefs=thespian_log_defs(log_dir), transientUnique=True)
     except InvalidActorAddress as e:
         raise UserError(f"the actor system did not come up on {advertise_ip}:{port} within 11 s ({e}); "
                         f"is {advertise_ip} an address of this machine? see {log_dir}") from None
+    asys._actorjet_watch = owner_watch.start(port, admin_pid(port), token)   # it ends with this process
+    return asys
 
 
 def attach(port: int, token: str | None = None) -> ActorSystem:

@@ -1,0 +1,75 @@
+"""An actor system ends with the process that started it, however that process dies.
+
+thespian's admin daemonizes: its parent is PID 1 and it leads a session of its own, so a
+front process (``actorjet start``, ``actorjet join``, the quickstart, a research trial's head)
+that is SIGKILLed — by the OOM killer, say — left the admin and every actor running, still
+listed as alive by the head, and the admin did not end on SIGTERM either.  A parent-death
+signal cannot help (the admin's parent is not the front), and thespian's admin is not ours
+to change.  So ``start_actor_system`` starts this small watcher beside it, in a session of
+its own (outside the system's, so a stop never counts it among the system's processes):
+
+    every WATCH_S:  the admin is gone            → the system stopped: exit
+                    the owner is gone (or a new  → stop the system as `actorjet stop` does
+                    process holds its PID)         (politely with the token, then SIGKILL
+                                                   whatever is left after STOP_S), then exit
+
+It carries the cluster token in its environment, never on its command line.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+WATCH_S = 0.5
+STOP_S = 5.0
+TOKEN_ENV = "ACTORJET_WATCH_TOKEN"
+
+
+def start(port: int, admin_pid: int, token: str) -> subprocess.Popen | None:
+    """Watch the admin on ``port`` on behalf of this process (its owner)."""
+    if admin_pid is None:
+        return None
+    env = {**os.environ, TOKEN_ENV: token}
+    return subprocess.Popen([sys.executable, "-m", "actorjet.runtime.owner_watch", str(os.getpid()),
+                             str(_started(os.getpid())), str(port), str(admin_pid)],
+                            env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
+def _started(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def alive(pid: int, started: float) -> bool:
+    """``pid`` is still the process that was started at ``started`` (not a reused PID)."""
+    try:
+        p = psutil.Process(pid)
+        return p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def watch(owner: int, owner_started: float, port: int, admin: int) -> str:
+    """Block until the system or its owner ends; returns what happened."""
+    admin_started = _started(admin)
+    while True:
+        if not alive(admin, admin_started):
+            return "the actor system stopped"
+        if not alive(owner, owner_started):
+            from actorjet.runtime import system
+
+            system.shutdown_system(port, timeout_s=STOP_S, token=os.environ.get(TOKEN_ENV) or None)
+            return f"the owner (pid {owner}) died: its actor system on port {port} was stopped"
+        time.sleep(WATCH_S)
+
+
+if __name__ == "__main__":
+    owner, owner_started, port, admin = sys.argv[1:5]
+    watch(int(owner), float(owner_started), int(port), int(admin))
