@@ -56,7 +56,8 @@ def main() -> int:
             if time.time() - t0 > 6 * 3600:
                 raise SystemExit("gave up after 6 hours")
             time.sleep(0.5)
-        finished = head.status()["groups"]["finished"]
+        groups = head.status()["groups"]
+        owed = groups["issued"] - groups["dropped"] - groups["groups_open"]    # must be complete in the store
     finally:
         head.stop()
     from actorjet.store.episode_store import EpisodeStore
@@ -66,14 +67,14 @@ def main() -> int:
     early = min(series, key=lambda r: abs(r["step"] - args.early))
     final = series[-1]
     peak = max(r["bytes"] for r in series if r["step"] >= early["step"])
-    # nothing lost: every group the registry finished is complete in the store; nothing trained
-    # twice: the learner trained exactly groups_per_step groups a step
+    # nothing lost: every group the registry issued and neither dropped nor left open is
+    # complete in the store; nothing trained twice: exactly groups_per_step groups a step
     per_step = job["train"]["groups_per_step"]
-    ok = counts["complete"] >= finished and counts["trained"] == per_step * final["step"]
+    ok = counts["complete"] >= owed and counts["trained"] == per_step * final["step"]
     table([(r["step"], f"{r['bytes'] / 1e6:.2f}") for r in series[::max(1, len(series) // 12)] + [final]],
           ("step", "store MB"))
     print(f"store at step {final['step']} / at step {early['step']}: {final['bytes'] / early['bytes']:.2f} "
-          f"(peak after it: {peak / early['bytes']:.2f}); store counts {counts}; registry finished {finished}; "
+          f"(peak after it: {peak / early['bytes']:.2f}); store counts {counts}; registry issued, not dropped or open {owed}; "
           f"trained = {per_step} x steps: {counts['trained'] == per_step * final['step']}; nothing lost: {bool(ok)}")
     try:
         import matplotlib
@@ -92,7 +93,7 @@ def main() -> int:
     write("retention", {"steps": args.steps, "checkpoint_every": args.checkpoint_every, "series": series,
                         "ratio_final_to_early": final["bytes"] / early["bytes"], "early_step": early["step"],
                         "peak_ratio_after_early": peak / early["bytes"], "counts": counts,
-                        "registry_finished": finished, "nothing_lost": bool(ok),
+                        "registry_issued_not_dropped_or_open": owed, "nothing_lost": bool(ok),
                         "command": f"python bench/retention.py --steps {args.steps} "
                                    f"--checkpoint-every {args.checkpoint_every}"})
     return 0 if ok else 1

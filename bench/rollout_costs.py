@@ -15,7 +15,7 @@ process, alternating in rounds, and reports CPU time (``time.process_time``) per
                   busy batching window buys: batches grew from ~38 to ~58 requests)
   engine wakeups  a /generate call of 64 requests answered from the batcher's thread: the
                   event loop woken per request (asyncio.wrap_future) vs once per call
-                  (actors/engine.py, all_done)
+                  (serving/engine_wire.py, all_done)
   gateway prompt  rendering a conversation (chat template + tokenizer) vs reusing the ids of
                   an identical one (a GRPO group's 8 members send the same conversation)
 
@@ -137,7 +137,7 @@ def engine_wakeups(rounds: int) -> dict:
     import asyncio
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from actorjet.actors.engine import all_done
+    from actorjet.serving.engine_wire import all_done
 
     pool, calls = ThreadPoolExecutor(1), 200
 

@@ -183,7 +183,7 @@ def _model_mb(model_dir: str) -> float:
 def _serve_engine(model_dir: str, threads: int, port_file: str, device: str = "cpu") -> None:
     import torch
 
-    from actorjet.actors.engine import engine_app
+    from actorjet.serving.engine_wire import engine_app
     from actorjet.serving.serve import AppServer
     from actorjet.serving.transformers_engine import TransformersEngine
 

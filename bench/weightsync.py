@@ -10,7 +10,7 @@
               once into its own parameter (preadv)
   full /dev/shm  the same, the version files on tmpfs instead of the run directory
   lora r=16   the same path with a LoRA adapter (all-linear): a version is the adapter
-  across nodes  the full file pushed (serving/weights.py ``push``) from one network namespace
+  across nodes  the full file pushed (serving/engine_wire.py ``push``) from one network namespace
               to an engine's HTTP endpoint in another, over veth, against raw TCP
               (``socket.sendfile`` into a receiver that discards) of the same bytes (root only)
 
@@ -121,7 +121,7 @@ print(time.perf_counter() - t0)
 PUSH_RECEIVER = """
 import sys
 from pathlib import Path
-from actorjet.serving.weights import Receiver
+from actorjet.serving.engine_wire import Receiver
 receiver = Receiver(Path(sys.argv[3]), "tok", sys.argv[1], int(sys.argv[2]))
 print("ready", flush=True)
 receiver.serve_forever()
@@ -129,9 +129,9 @@ receiver.serve_forever()
 
 PUSH_SENDER = """
 import sys, time
-from actorjet.serving import weights
+from actorjet.serving import engine_wire
 t0 = time.perf_counter()
-weights.push(sys.argv[3], f"http://{sys.argv[1]}:{sys.argv[2]}", "tok", "policy")
+engine_wire.push(sys.argv[3], f"http://{sys.argv[1]}:{sys.argv[2]}", "tok", "policy")
 print(time.perf_counter() - t0)
 """
 

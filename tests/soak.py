@@ -57,7 +57,7 @@ class Soak:
     seed: int = 0
     samples: list[Sample] = field(default_factory=list)
     faults: list[tuple[float, str]] = field(default_factory=list)      # (t, what)
-    acknowledged: int = 0        # finished groups the registries counted, over head restarts
+    accounted: int = 0           # groups the registries issued, less those dropped or still open, over head restarts
 
     def start(self) -> None:
         self.lock = threading.RLock()
@@ -135,7 +135,7 @@ class Soak:
         elif what == "head":
             with self.lock:
                 with contextlib.suppress(Exception):
-                    self.acknowledged += self.status()["groups"]["finished"]
+                    self.accounted += owed(self.status()["groups"])
                 self.swarm.kill_host(self.head_host)
                 self._head(self.port)
 
@@ -234,10 +234,12 @@ class Soak:
         return {"during_cuts_or_leaves": true_, "false": false_}     # (a convention drop counts: it must be in a cut)
 
     def books(self) -> dict:
-        """Nothing lost, nothing twice: every group a registry counted finished is complete in
-        the store (or retired by retention), none has more members than its size."""
+        """Nothing lost, nothing twice: every group a registry issued is complete in the store
+        (or retired by retention), dropped with a cause, or open when its head stopped; none has
+        more members than its size.  (The registry keeps no count of finished groups: the
+        store's word is the only one, so the check is against what the registries issued.)"""
         with contextlib.suppress(Exception):
-            self.acknowledged += self.status()["groups"]["finished"]
+            self.accounted += owed(self.status()["groups"])
         db = sqlite3.connect(self.run / "episodes-policy.sqlite")
         complete, trained = db.execute("SELECT COUNT(*), COUNT(trained_step) FROM groups "
                                        "WHERE complete_at IS NOT NULL").fetchone()
@@ -247,9 +249,15 @@ class Soak:
                               "GROUP BY g.group_id) WHERE n > size").fetchone()
         per_step = db.execute("SELECT MAX(n) FROM (SELECT COUNT(*) n FROM groups WHERE trained_step IS NOT NULL "
                               "GROUP BY trained_step)").fetchone()[0] or 0
-        return {"groups_counted_finished": self.acknowledged, "groups_in_store_or_retired": complete + retired,
-                "groups_lost": max(0, self.acknowledged - complete - retired),
+        return {"groups_issued_not_dropped_or_open": self.accounted, "groups_in_store_or_retired": complete + retired,
+                "groups_lost": max(0, self.accounted - complete - retired),
                 "episodes_duplicated": extra, "most_groups_in_one_step": per_step}
+
+
+def owed(groups: dict) -> int:
+    """Of one head's issued groups, those that must be complete in the store: all but the
+    dropped and the still open (status's ``groups``)."""
+    return groups["issued"] - groups["dropped"] - groups["groups_open"]
 
 
 def verdicts(r: dict) -> list[tuple[str, str, str, bool]]:

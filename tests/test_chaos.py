@@ -76,12 +76,10 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
     logged = wait_until(lambda: (lambda ids: ids if set(ids) >= complete else None)(read_log()), 10,
                         what="groups.jsonl to catch up with the store")
     assert len(logged) == len(set(logged)) and set(logged) == complete
-    # A runner that dies after storing a group's rewards and before reporting them leaves that
-    # group complete in the store and open (re-leased) in the registry; if the learner took it
-    # first, it is trained once and the re-run's episodes are ignored.  When training ends
-    # before the re-run does, the registry counts it open (or dropped, if its re-runs failed too).
-    assert data["groups"]["finished"] <= len(complete)
-    assert len(complete) - data["groups"]["finished"] <= data["groups"]["groups_open"] + data["groups"]["dropped"]
+    # "Done" is the store's word alone: status's groups.finished is the store's complete count
+    # (the gateway tells it each second), never a count the registry keeps.
+    data = wait_until(lambda: (lambda d: d if d["groups"]["finished"] == len(complete) else None)(status()), 10,
+                      what="status's finished groups to be the store's")
     assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
     members: dict[str, set] = {}      # complete group → its members with recorded calls (store + archive)
     for path, read in ((run / "trajectories" / "policy.jsonl", archived), (run / "episodes-policy.sqlite", stored)):
@@ -91,13 +89,12 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
     assert members and all(len(m) == 8 for m in members.values())       # whole groups, each with its calls
     # the counters in status agree with the store (a rewound group is not counted twice)
     trained_episodes = EpisodeStore(run / "episodes-policy.sqlite").counts()["episodes_trained"]
-    # (``completed`` counts the runners' reports: a group whose report died with its runner, as
-    # above, may be trained and not yet reported, 8 episodes each)
-    unreported = len(complete) - data["groups"]["finished"]
-    assert data["episodes"]["trained"] == trained_episodes <= data["episodes"]["completed"] + 8 * unreported
-    # every lease is accounted for: finished, dropped with a cause, or still open
+    assert data["episodes"]["trained"] == trained_episodes
+    # every issued group is complete in the store, dropped with a cause, or still open; none is
+    # lost.  A runner that died after storing a group's rewards and before reporting them leaves
+    # that group complete in the store and open (re-leased) in the registry: both, hence ≤.
     g = data["groups"]
-    assert g["issued"] == g["finished"] + g["dropped"] + g["groups_open"]
+    assert g["finished"] <= g["issued"] <= g["finished"] + g["dropped"] + g["groups_open"]
     assert sum(g["dropped_by_cause"].values()) == g["dropped"]
     assert data["aborted_by_cause"].get("behavior error", 0) > 0      # the injected faults happened
     assert data["episodes"]["requeued"] > 0

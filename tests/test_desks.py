@@ -42,6 +42,11 @@ def result(lease, ok=lambda k: True) -> proto.GroupResult:
         for k, e in enumerate(lease["episodes"])])
 
 
+def open_groups(desk) -> int:
+    """Groups the registry still leases (issued, neither done by every member nor dropped)."""
+    return desk.status_counts()["groups"]["groups_open"]
+
+
 def sent(out, kind, to=None) -> list:
     return [msg for addr, msg in out if isinstance(msg, kind) and (to is None or addr == to)]
 
@@ -55,13 +60,13 @@ def test_a_failed_member_is_run_again_in_its_place_and_the_group_finishes_whole(
     first = lease(desk)
     assert (first["members"], first["group_size"]) == ([0, 1], 2)    # what the runner stores rewards under
     out = desk.on_GroupResult(result(first, ok=lambda k: k == 0), "r")
-    assert closed(out) == [first["episodes"][1]["episode_id"]] and desk.counters.groups_finished == 0
+    assert closed(out) == [first["episodes"][1]["episode_id"]] and open_groups(desk) == 1
     retry = lease(desk, "r2")
     assert retry["group_id"] == first["group_id"] and [e["episode_id"] for e in retry["episodes"]] == ["g1_1.1r1"]
     assert retry["members"] == [1]                                   # the retry takes the failed member's place
     assert desk.on_GroupResult(result(retry), "r2") == []           # the stores have its rewards already
     c = desk.counters
-    assert (c.requeued, c.abort_causes, c.completed, c.groups_finished) == (1, {"behavior error": 1}, 2, 1)
+    assert (c.requeued, c.abort_causes, c.completed, open_groups(desk)) == (1, {"behavior error": 1}, 2, 0)
     assert c.completed_by_runner == {"r": 1, "r2": 1}
 
 
@@ -89,11 +94,11 @@ def test_expired_leases_are_requeued_and_late_results_rejected():
         stored["active"] = time.time() - 100          # no LLM call for longer than the idle limit
     assert len(closed(desk.tick())) == 2
     desk.on_GroupResult(result(first), "r")          # the slow runner answers after all: rejected
-    assert desk.counters.groups_finished == 0
+    assert open_groups(desk) == 1
     again = lease(desk, "r2")
     desk.on_GroupResult(result(again), "r2")
     c = desk.counters
-    assert (c.late_results, c.completed, c.requeued, c.groups_finished) == (1, 2, 2, 1)
+    assert (c.late_results, c.completed, c.requeued, open_groups(desk)) == (1, 2, 2, 0)
     assert desk.status_counts()["groups"]["late_results_rejected"] == 1
 
 
@@ -134,12 +139,12 @@ def test_client_mode_episodes_are_leases_of_one_member():
     for k in range(2):
         client("open", f"c{k}", group="G", group_size=2)
     assert desk.counters.in_flight == 2 and desk.status_counts()["groups"]["leases_open"] == 2
-    assert client("end", "c0") == [] and desk.counters.groups_finished == 0
-    assert client("end", "c1") == [] and desk.counters.groups_finished == 1     # nothing left to run
+    assert client("end", "c0") == [] and open_groups(desk) == 1
+    assert client("end", "c1") == [] and open_groups(desk) == 0     # nothing left to run
     client("open", "c9")
     assert closed(client("abort", "c9")) == ["c9"]
     c = desk.counters
-    assert (c.in_flight, c.completed, c.aborted, c.groups_finished, c.groups_dropped) == (0, 2, 1, 1, 1)
+    assert (c.in_flight, c.completed, c.aborted, open_groups(desk), c.groups_dropped) == (0, 2, 1, 0, 1)
     assert c.abort_causes == {"client abort": 1} and c.requeued == 0        # a program's episode is never re-run
     client("open", "c5", group="H", group_size=2)
     client("open", "c6", group="H", group_size=2)
@@ -157,12 +162,34 @@ def test_groups_jsonl_and_the_learners_backlog_come_from_the_stores(tmp_path):
     desk = make_desk()
     desk.group_log.path = tmp_path / "groups.jsonl"
     g = {"group_id": "g1_1", "task_name": "t", "behavior": "t", "version": 1, "rewards": {"g1_1.0": 1.0}}
-    assert desk.on_StoreNews(proto.StoreNews("policy", [g], 3), "gw")[0][1].group_ids == ["g1_1"]
-    out = desk.on_StoreNews(proto.StoreNews("critic", [g, dict(g, group_id="g1_2")], 0), "gw2")   # two stores
+    assert desk.on_StoreNews(proto.StoreNews("policy", [g], 1, 3), "gw")[0][1].group_ids == ["g1_1"]
+    out = desk.on_StoreNews(proto.StoreNews("critic", [g, dict(g, group_id="g1_2")], 2, 0), "gw2")   # two stores
     assert [(to, x.group_ids) for to, x in out] == [("gw2", ["g1_1", "g1_2"])]   # both marked told there
     lines = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
     assert [x["group_id"] for x in lines] == ["g1_1", "g1_2"] and lines[0]["rewards"] == {"g1_1.0": 1.0}
     assert desk.untrained == {"policy": 3, "critic": 0}
+    assert desk.status_counts()["groups"]["finished"] == 2          # as the stores judged it, never counted here
+
+
+def test_the_registry_keeps_no_count_of_finished_groups_of_its_own():
+    """Issue 51: "done" lives in the episode stores only (StoreNews).  A registry-side count of
+    finished groups (it was ``groups_finished``, bumped when every member of a lease reported
+    done, and it trailed the stores) must not come back under any name."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    import actorjet.registry as registry
+    from actorjet.registry.counters import Counters
+
+    assert not [f.name for f in dataclasses.fields(Counters) if re.search(r"finish|complete", f.name)
+                and f.name.startswith("groups")]
+    desk = make_desk()
+    first = lease(desk)
+    desk.on_GroupResult(result(first), "r")                           # every member done, per the runner
+    assert desk.status_counts()["groups"]["finished"] == 0            # the stores have not said so
+    sources = "\n".join(p.read_text() for p in Path(registry.__file__).parent.glob("*.py"))
+    assert not re.search(r"groups?_(finished|completed?)\s*\+=|finished\s*\+=\s*1", sources)
 
 
 def test_a_learner_starved_by_a_stalled_gateway_is_not_blamed():

@@ -192,7 +192,7 @@ def test_engine_client_sends_concurrent_requests_together_and_never_leaves_one_w
     from aiohttp import web
 
     from actorjet.serving.batching_engine import GenRequest
-    from actorjet.actors.engine import engine_app
+    from actorjet.serving.engine_wire import engine_app
     from actorjet.serving.gateway_app import EngineUnavailable
     from actorjet.serving.engine_client import HttpEngineBackend
 

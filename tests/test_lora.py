@@ -24,7 +24,7 @@ from actorjet.rl import lora
 from actorjet.rl.algorithms import Algorithm
 from actorjet.rl.grpo import collate, grpo_step, term_logprobs
 from actorjet.rl.samples import call_sample
-from actorjet.serving import weights
+from actorjet.serving import engine_wire, weights
 from actorjet.models import zoo
 from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 
@@ -346,17 +346,17 @@ def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
     import http.client
     import threading
 
-    receiver = weights.Receiver(tmp_path / "received", "tok")
+    receiver = engine_wire.Receiver(tmp_path / "received", "tok")
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{receiver.port}"
         src = tmp_path / "v000001.safetensors"
         weights.publish({"w": torch.arange(3_000_000, dtype=torch.float32)}, src)
-        stored = weights.push(src, url, "tok", "policy")
+        stored = engine_wire.push(src, url, "tok", "policy")
         assert Path(stored) == tmp_path / "received" / "policy" / "v000001.safetensors"
         assert Path(stored).read_bytes() == src.read_bytes()
         with pytest.raises(OSError, match="401"):
-            weights.push(src, url, "wrong", "policy")
+            engine_wire.push(src, url, "wrong", "policy")
 
         def put(path, body, length=None):
             conn = http.client.HTTPConnection("127.0.0.1", receiver.port, timeout=30)
@@ -385,7 +385,7 @@ def test_a_weight_push_arrives_whole_and_bad_pushes_get_4xx(tmp_path):
         for v in (2, 3, 4, 5):
             path = tmp_path / f"v{v:06d}.safetensors"
             weights.publish({"w": torch.full((3_000_000,), float(v))}, path)
-            weights.push(path, url, "tok", "policy")
+            engine_wire.push(path, url, "tok", "policy")
         kept = sorted(p.name for p in (tmp_path / "received" / "policy").iterdir())
         assert kept == ["v000003.safetensors", "v000004.safetensors", "v000005.safetensors"]
         target = {"w": torch.zeros(3_000_000)}

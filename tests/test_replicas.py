@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from actorjet.actors.engine import engine_app
+from actorjet.serving.engine_wire import engine_app
 from actorjet.models import zoo
 from actorjet.serving.batching_engine import GenRequest
 from actorjet.serving.engine_client import ReplicaRouter, replica_services

@@ -108,13 +108,16 @@ def test_the_store_judges_groups_and_tells_each_complete_one_once(tmp_path):
                     "rewards": {"g1.0": 1.0, "g1.1": 0.0}}
     assert completed.news(store) == [news]           # told again until the head says it wrote it down
     completed.told(store, ["g1"])
-    assert completed.news(store) == [] and completed.untrained(store) == 1
+    assert completed.news(store) == [] and completed.standing(store) == (1, 1)     # (complete, untrained)
     finish(store, "g2", [0.25], members=["1"], size=2)
-    assert [g["group_id"] for g in completed.news(store)] == ["g2"] and completed.untrained(store) == 2
+    assert [g["group_id"] for g in completed.news(store)] == ["g2"] and completed.standing(store) == (2, 2)
     batch = next_batch(store, BatchConfig("policy", 2))
-    assert completed.untrained(store) == 2                           # taken for a step: still the learner's work
+    assert completed.standing(store) == (2, 2)                        # taken for a step: still the learner's work
     store.trained(batch["group_ids"], 1)
-    assert completed.untrained(store) == 0
+    assert completed.standing(store) == (2, 0)
+    completed.told(store, ["g2"])
+    store.retain(1)                                                  # retired groups still count as complete
+    assert completed.standing(store) == (2, 0) and store.counts()["complete"] == 2
 
 
 def test_retention_waits_for_a_group_to_be_told(tmp_path):

@@ -1,34 +1,25 @@
-"""The engine actor: one inference engine per model, served on an internal HTTP endpoint.
+"""The engine actor: one inference engine per model (or replica), and its two endpoints.
 
-Token ids in, token ids and logprobs out (``POST /generate``, a list of requests per call:
-the gateway sends every request that arrived in one turn of its event loop together, so
-HTTP and JSON are paid per batch rather than per LLM call).  The gateway is its only
-client; weights arrive as ``LoadWeights`` control messages and are applied between
-batches, so no request is ever dropped by a weight update.
+It builds the engine, starts the endpoints serving/engine_wire.py defines (``/generate`` for
+its gateway, the weights receiver for a learner on another node), announces them, and
+supervises: weights arrive as ``LoadWeights`` control messages and are applied between
+batches, so no request is ever dropped by a weight update; progress, hardware and the weight
+versions it began to serve go to the registry.
 """
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import json
-import threading
-from array import array
 from datetime import timedelta
 
-from aiohttp import web
 from thespian.actors import WakeupMessage
 
 from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.config import sharing
-from actorjet.serving.batching_engine import GenRequest, RequestFailed
-from actorjet.serving import weights
+from actorjet.serving.engine_wire import Receiver, engine_app
 from actorjet.serving.serve import AppServer
 from actorjet.runtime import endpoints, guarded
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
 from actorjet.runtime.child import ManagedActor
-from actorjet.signing import bearer_ok
 
 preload = preload_libraries      # runtime/kinds.py: what a head imports once, before forking this actor
 
@@ -55,78 +46,6 @@ def make_engine(cfg: dict, seed: int, adapters: dict[str, dict] | None = None):
                               gpu_share=gpu_memory.engine_share(cfg, gpus.gpu_count()), name=cfg.get("name", ""))
 
 
-def all_done(futures: list) -> asyncio.Future:
-    """An awaitable that resolves once every one of the engine's futures is done.  Waking the
-    event loop once per call rather than once per request (asyncio.wrap_future does the
-    latter, each through the loop's self-pipe) was a quarter of the engine's HTTP-side CPU."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def finish() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def one_done(_future) -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last and not loop.is_closed():
-            loop.call_soon_threadsafe(finish)
-
-    if not futures:
-        finish()
-    for future in futures:
-        future.add_done_callback(one_done)
-    return done
-
-
-def read_request(body: dict) -> GenRequest:
-    """serving/engine_client.py's wire_request undone: the prompt comes as base64 of int32."""
-    ids = body.pop("prompt_ids")
-    if isinstance(ids, str):
-        raw = base64.b64decode(ids, validate=True)
-        if len(raw) % 4:
-            raise ValueError("prompt_ids: not whole int32 values")
-        ids = array("i", raw).tolist()
-    if not isinstance(body.get("cache_key", ""), str):
-        raise ValueError("cache_key: a string")
-    return GenRequest(prompt_ids=ids, **body)
-
-
-def engine_app(engine, token: str | None = None) -> web.Application:
-    """``token``: the cluster token every caller must send (the endpoint listens on the node's
-    network address); None only for in-process tests."""
-    async def generate(request):
-        if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
-            return web.json_response({"error": {"message": "the engine needs the cluster token"}}, status=401)
-        try:
-            body = json.loads(await request.read())
-            reqs = [read_request(r) for r in body["requests"]]
-        except (ValueError, TypeError, KeyError, UnicodeDecodeError, binascii.Error) as e:
-            return web.json_response({"error": {"message": f"malformed generate request: {e}"}}, status=400)
-        futures = [engine.submit(r) for r in reqs]
-        await all_done(futures)
-        answers = []
-        for outcome in [f.exception() or f.result() for f in futures]:
-            if isinstance(outcome, RequestFailed):      # this request's own fault: a 400 at the gateway
-                answers.append({"error": str(outcome), "request_error": True})
-            elif isinstance(outcome, BaseException):
-                answers.append({"error": f"{type(outcome).__name__}: {outcome}"})
-            else:
-                answers.append({"results": [r.__dict__ for r in outcome]})
-        return web.json_response({"answers": answers})
-
-    async def health(request):
-        return web.json_response({"ok": True, "weight_version": engine.weight_version, "versions": engine.versions})
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/generate", generate)
-    app.router.add_get("/healthz", health)
-    return app
-
-
 class Engine(ManagedActor):
     def on_init(self) -> None:
         job = self.context["job"]
@@ -138,7 +57,7 @@ class Engine(ManagedActor):
             threads.configure(cfg["threads"], cfg["device"], self.engine.model.num_parameters())
 
         # versions pushed by a learner on another node (serving/weights.py), on a port of their own
-        self.receiver = weights.Receiver(endpoints.local_run_dir(self.context) / "weights-received",
+        self.receiver = Receiver(endpoints.local_run_dir(self.context) / "weights-received",
                                          self.context["token"], endpoints.bind_host())
         guarded.start(self.receiver.serve_forever, f"weights-receiver.{self.model}", crash_process=True)
         self.wakeupAfter(timedelta(seconds=PROGRESS_S))

@@ -121,7 +121,7 @@ class Gateway(ManagedActor):
                 self.send(self.registry, proto.EpisodeActivity(self.model, sorted(active)))
             if self.store is not None and self.registry is not None:   # what the store judged (store/completed.py)
                 self.send(self.registry, proto.StoreNews(self.model, completed.news(self.store),
-                                                         completed.untrained(self.store)))
+                                                         *completed.standing(self.store)))
             if self.app.disk_full and self.store is not None and disk.has_room(self.store.path.parent):   # (no call may come to try)
                 self.app.disk_full = ""
             while self.closes_waiting and not self.app.disk_full:

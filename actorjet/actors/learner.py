@@ -32,7 +32,7 @@ from actorjet.models.evaluations import Evaluations
 from actorjet.models.heldout import eval_spec
 from actorjet.store import episode_store
 from actorjet.store.quarantine_queue import QuarantineQueue
-from actorjet.serving import threads, weights
+from actorjet.serving import engine_wire, threads, weights
 from actorjet.rl import algorithms, critic, lora, ranks
 from actorjet.rl.batching import batch_config, next_batch
 from actorjet.rl.grpo import BadBatch, grpo_step
@@ -148,10 +148,10 @@ class Learner(ManagedActor):
 
     def _deliver(self, path: Path, replicas: list[str] | None = None) -> float | None:
         """Tell every engine replica (or those named) about version ``self.version``, pushing
-        the file first to one on another node (serving/weights.py ``deliver``); returns the
+        the file first to one on another node (serving/engine_wire.py ``deliver``); returns the
         seconds the pushes took (None: nothing pushed)."""
         engines = {n: self.engines[n] for n in (self.engines if replicas is None else replicas) if n in self.engines}
-        targets, pushed_s = weights.deliver(engines, path, self.version, self.context["token"],
+        targets, pushed_s = engine_wire.deliver(engines, path, self.version, self.context["token"],
                                             self.adapter or self.model_name, self.model_name)
         for address, target in targets:
             self.send(address, proto.LoadWeights(self.version, target, self.adapter))

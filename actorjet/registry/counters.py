@@ -18,9 +18,8 @@ class Counters:
     requeued: int = 0
     late_results: int = 0
     # groups
-    groups_issued: int = 0
-    groups_finished: int = 0
-    groups_dropped: int = 0
+    groups_issued: int = 0                # (no count of finished groups: only the episode stores
+    groups_dropped: int = 0               # judge that, StoreNews; tests/test_desks.py guards it)
     groups_quarantined: int = 0
     # why, and where
     abort_causes: dict[str, int] = field(default_factory=dict)

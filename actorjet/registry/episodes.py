@@ -65,6 +65,7 @@ class EpisodeDesk:
         self.subscribers: list = []
         self.group_log = GroupLog(self.run_dir)       # RUN_DIR/groups.jsonl, from the stores' news
         self.untrained: dict[str, int] = {}          # model → complete groups its learner has not trained
+        self.store_complete: dict[str, int] = {}     # model → groups its store judged complete (StoreNews)
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
         self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
         self.recovered: dict[str, dict] = {}         # model → what its learner resumed from (Resumed)
@@ -235,6 +236,8 @@ class EpisodeDesk:
         self.full_disks.report("registry (groups.jsonl)", self.group_log.cause)
         if isinstance(msg.untrained, int):
             self.untrained[str(msg.model)] = msg.untrained
+        if isinstance(msg.complete, int):
+            self.store_complete[str(msg.model)] = msg.complete
         return [(sender, proto.GroupsLogged(groups))] if groups else []
 
     def on_RunnerDown(self, msg: m.RunnerDown, sender) -> Out:
@@ -365,7 +368,9 @@ class EpisodeDesk:
                 "tasks": {name: {**t, "completed": c.completed_by_task.get(name, 0),
                                  "aborted_by_cause": dict(c.abort_by_task.get(name, {}))}
                           for name, t in self.task_table().items()},
-                "groups": {"finished": c.groups_finished, "dropped": c.groups_dropped,
+                # finished: as the stores judged it (the registry keeps no count of its own; a
+                # group of several models is complete in each store, so the largest)
+                "groups": {"finished": max(self.store_complete.values(), default=0), "dropped": c.groups_dropped,
                            "quarantined": c.groups_quarantined, "quarantined_by_cause": dict(c.quarantine_causes),
                            "dropped_by_cause": dict(c.drop_causes),
                            "late_results_rejected": c.late_results, **self.leases.status()}}

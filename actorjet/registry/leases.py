@@ -205,7 +205,6 @@ class LeaseDesk:
     def _finish(self, group: dict) -> None:
         self.groups.pop(group["group_id"], None)
         self.counters.complete(group["source"], group["size"])
-        self.counters.groups_finished += 1
 
     # -- client mode: a lease of one member per episode -------------------------------------
     def client_event(self, ev) -> Out:

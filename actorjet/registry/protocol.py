@@ -89,11 +89,15 @@ class StoreCounts:
 
 @dataclass
 class StoreNews:
-    """Gateway → registry, every second: the groups that became complete in its model's store
-    since it last said (group_id, task_name, behavior, version, rewards: RUN_DIR/groups.jsonl)
-    and how many complete groups the learner has not trained yet (the watchdog's backlog)."""
+    """Gateway → registry, every second: what its model's store judged.  ``completed``: the
+    groups that became complete since it last said, each with its rewards (group_id,
+    task_name, behavior, version, rewards: RUN_DIR/groups.jsonl, which code produced which
+    rewards); ``complete``: every group complete in the store so far (retired included:
+    status's ``groups.finished``); ``untrained``: complete groups the learner has not trained
+    yet (the watchdog's backlog)."""
     model: str
     completed: list
+    complete: int
     untrained: int
 
 

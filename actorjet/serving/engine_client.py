@@ -21,15 +21,14 @@ replica answers does not change what is trained: each answer carries its weight 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
-from array import array
 from collections import OrderedDict
 
 import aiohttp
 
 from actorjet.serving.batching_engine import GenRequest, GenResult
-from actorjet.serving.openai_api import ApiError, EngineUnavailable
+from actorjet.serving.engine_wire import read_answer, wire_request
+from actorjet.serving.openai_api import EngineUnavailable
 
 RETRY_S = 1.0
 STICKY = 100_000        # episodes remembered for stickiness (the oldest are forgotten first)
@@ -50,13 +49,6 @@ def replica_addresses(service: dict) -> dict[str, tuple]:
             for name, (engine, receiver) in replica_services(service).items() if engine.get("address") is not None}
 
 
-def wire_request(req: GenRequest) -> dict:
-    """A request as JSON, its prompt as base64 of int32 (a 32k-token prompt as a JSON list of
-    numbers took ~2 ms to write and more to read, on every call of a long episode)."""
-    body = dict(req.__dict__)
-    ids = body["prompt_ids"]
-    body["prompt_ids"] = base64.b64encode((ids if isinstance(ids, array) else array("i", ids)).tobytes()).decode()
-    return body
 
 
 class HttpEngineBackend:
@@ -93,15 +85,11 @@ class HttpEngineBackend:
         for (_, future), answer in zip(batch, answers):
             if future.done():
                 continue
-            if isinstance(answer, Exception):
-                future.set_exception(answer)
-            elif "error" in answer and answer.get("request_error"):
-                future.set_exception(ApiError(400, f"the engine could not serve this request: {answer['error']}",
-                                              code="invalid_request"))
-            elif "error" in answer:
-                future.set_exception(EngineUnavailable(f"the engine failed: {answer['error']}"))
+            outcome = answer if isinstance(answer, Exception) else read_answer(answer)
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
             else:
-                future.set_result([GenResult(**r) for r in answer["results"]])
+                future.set_result(outcome)
 
     async def _post(self, requests: list[dict]) -> list:
         if self.url is None:

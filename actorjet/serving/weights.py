@@ -22,28 +22,20 @@ Where only some tensors train (a LoRA adapter), only those are published: the fi
 adapter, a few MB.
 
 An engine on another node than its learner (the tree places them apart) cannot read the
-learner's files: ``push`` streams the finished file to it over HTTP in 16 MB buckets, and
-the engine's ``Receiver`` writes it into the engine's node directory under the same rules
+learner's files: serving/engine_wire.py ``push``es the finished file to it over HTTP, and the
+engine's ``Receiver`` writes it into the engine's node directory under the same rules
 (partial until whole), before the learner sends ``LoadWeights`` with the engine's own path.
 """
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
-import shutil
-import socketserver
 import struct
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
 
-from actorjet.runtime.endpoints import advertise_host
-from actorjet.runtime.logs import log
 
 DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -181,173 +173,5 @@ def newest(folder: str | Path) -> Path | None:
 
 
 # -- across nodes: streamed in buckets ----------------------------------------------------------
-
-BUCKET = 16 << 20       # the most bytes the receiver reads into its file at once
 NAME = re.compile(r"^v\d{6}\.safetensors$")
 FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")      # a model name; never "." or ".."
-
-
-def push(path: str | Path, engine_url: str, token: str, folder: str, timeout_s: float = 300.0) -> str:
-    """Stream the version file at ``path`` to an engine on another node (``PUT
-    /weights/FOLDER/NAME``) straight from the page cache (``sendfile``); returns the path the
-    engine stored it under on its own node.  The engine writes it under ``*.partial`` and
-    renames it when every byte is there, so an interrupted push leaves nothing it would load."""
-    import http.client
-    from urllib.parse import urlsplit
-
-    path, url = Path(path), urlsplit(engine_url)
-    conn_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    conn = conn_class(url.hostname, url.port, timeout=timeout_s)
-    try:
-        conn.putrequest("PUT", f"/weights/{folder}/{path.name}")
-        conn.putheader("Authorization", f"Bearer {token}")
-        conn.putheader("Content-Length", str(path.stat().st_size))
-        conn.endheaders()
-        try:
-            with open(path, "rb") as body:
-                conn.sock.sendfile(body)       # from the page cache to the socket, no copy in Python
-        except (BrokenPipeError, ConnectionResetError):
-            pass                               # refused before the body was read: its answer says why
-        reply = conn.getresponse()
-        data = json.loads(reply.read() or b"{}")
-    finally:
-        conn.close()
-    if reply.status != 200:
-        raise OSError(f"the engine refused weights {path.name}: {reply.status} {data}")
-    return data["path"]
-
-
-def deliver(engines: dict[str, tuple], path: Path, version: int, token: str, folder: str,
-            model: str) -> tuple[list[tuple], float | None]:
-    """Where each engine replica (``{name: (address, weights receiver URL or None)}``) should
-    load weight version ``version`` from: ``[(address, file path on its node)]``, and the
-    seconds the pushes took (None: nothing pushed).  An engine on another node cannot read
-    this node's files, so the file is pushed to it first (``push``).  A push that fails is
-    logged and that replica left out: it keeps serving what it has, and the next version
-    tries again."""
-    targets, total = [], None
-    for name, (address, weights_url) in engines.items():
-        target = str(path)
-        if weights_url and urlsplit(weights_url).hostname != advertise_host():
-            t0 = time.perf_counter()
-            try:
-                target = push(path, weights_url, token, folder)
-            except (OSError, ValueError, KeyError) as e:
-                log.warning("%s: weights v%d could not be pushed to %s at %s: %s", model, version, name, weights_url, e)
-                continue
-            seconds = time.perf_counter() - t0
-            total = (total or 0.0) + seconds
-            log.info("%s: pushed v%d (%.1f MB) to %s at %s in %.3f s", model, version,
-                     Path(path).stat().st_size / 1e6, name, weights_url, seconds)
-        targets.append((address, target))
-    return targets, total
-
-
-class PushRefused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-class Receiver:
-    """The engine's side of ``push``: a small threaded HTTP server of its own (``PUT
-    /weights/FOLDER/vNNNNNN.safetensors``, cluster token required).  The body is read straight
-    into a memory map of the file (one copy, from the socket into the page cache), recycling the
-    folder's file of three versions back as the learner does, and renamed when every byte is
-    there.  Its own server because aiohttp hands a body over in pieces that must be copied
-    again: that reached a third of the link's speed, this two thirds (bench/weightsync.py)."""
-
-    def __init__(self, root: Path, token: str | None, host: str = "127.0.0.1", port: int = 0):
-        self.root, self.token = Path(root), token
-        self.server = _Server((host, port), _PushHandler)
-        self.server.receiver = self
-        self.port = self.server.server_address[1]
-
-    def serve_forever(self) -> None:
-        self.server.serve_forever(poll_interval=0.5)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def store(self, handler) -> dict:
-        from actorjet.signing import bearer_ok
-
-        if self.token is not None and not bearer_ok(handler.headers.get("Authorization"), self.token):
-            raise PushRefused(401, "a weight push needs the cluster token")
-        parts = handler.path.split("/")
-        if len(parts) != 4 or parts[1] != "weights" or not FOLDER.match(parts[2]) or not NAME.match(parts[3]):
-            raise PushRefused(400, f"not a weight version file: {handler.path[:200]}")
-        try:
-            size = int(handler.headers.get("Content-Length", ""))
-        except ValueError:
-            raise PushRefused(400, "a weight push needs a Content-Length") from None
-        if size <= 0:
-            raise PushRefused(400, "a weight version file is never empty")
-        target = self.root / parts[2] / parts[3]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if size > shutil.disk_usage(target.parent).free:
-            raise PushRefused(507, f"{target.name}: {size} bytes do not fit on this node's disk")
-        partial = target.with_name(target.name + PARTIAL)
-        older = sorted(p for p in target.parent.glob("v*.safetensors") if p.name < target.name)
-        if len(older) >= 3 and older[0].stat().st_size == size:
-            os.replace(older[0], partial)              # its pages are reused: no fresh allocation
-        done = 0
-        try:
-            fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                os.ftruncate(fd, size)
-                with mmap.mmap(fd, size) as mm, memoryview(mm) as view:
-                    while done < size:
-                        n = handler.rfile.readinto(view[done:min(size, done + BUCKET)])
-                        if not n:
-                            break
-                        done += n
-            finally:
-                os.close(fd)
-        except ConnectionError:
-            pass                                       # the learner died mid-push: judged below
-        except OSError as e:                           # a full disk, or a size no file can have
-            partial.unlink(missing_ok=True)
-            raise PushRefused(507, f"cannot store {target.name} ({size} bytes): {e.strerror or e}") from None
-        except BaseException:
-            partial.unlink(missing_ok=True)            # nothing half-written stays
-            raise
-        if done != size:
-            partial.unlink(missing_ok=True)
-            raise PushRefused(400, f"{target.name}: {done} of {size} bytes arrived")
-        os.replace(partial, target)
-        for old in sorted(target.parent.glob("v*.safetensors"))[:-3]:     # keep the last three
-            old.unlink(missing_ok=True)
-        return {"path": str(target), "bytes": done}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def server_bind(self) -> None:
-        """Without HTTPServer's reverse DNS lookup of its own address (``getfqdn``): on a host
-        with no resolver it took seconds, and the engine announced itself that much later."""
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = self.server_address[:2]
-
-
-class _PushHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 120                       # a sender that stops sending is dropped
-
-    def do_PUT(self):
-        try:
-            status, body = 200, self.server.receiver.store(self)
-        except PushRefused as e:
-            status, body = e.status, {"error": {"message": str(e)}}
-            self.close_connection = True
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass

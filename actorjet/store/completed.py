@@ -52,10 +52,14 @@ def told(store, group_ids: list[str]) -> None:
         db.executemany("UPDATE groups SET logged = ? WHERE group_id = ?", [(now, g) for g in group_ids])
 
 
-def untrained(store) -> int:
-    """Complete groups neither trained nor quarantined (taken for a step or still pending):
-    the learner's work; the watchdog blames a learner that makes no step while it is there."""
+def standing(store) -> tuple[int, int]:
+    """(complete, untrained): every group the store ever judged complete (retired ones
+    included) — the only count of finished groups there is (``groups.finished`` in status) —
+    and those neither trained nor quarantined (taken for a step or still pending): the
+    learner's work; the watchdog blames a learner that makes no step while it is there."""
     with store.lock:
-        (n,) = store.db.execute("SELECT COUNT(*) FROM groups WHERE complete_at IS NOT NULL "
-                                "AND trained_step IS NULL AND quarantine IS NULL").fetchone()
-    return n
+        complete, untrained = store.db.execute(
+            "SELECT COUNT(*), COUNT(*) - COUNT(trained_step) - COUNT(quarantine) FROM groups "
+            "WHERE complete_at IS NOT NULL").fetchone()
+        retired = store.db.execute("SELECT COALESCE(MAX(groups), 0) FROM retired").fetchone()[0]
+    return complete + retired, untrained
