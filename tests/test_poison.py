@@ -275,7 +275,8 @@ def test_poison_is_refused_or_quarantined_training_goes_on_and_ended_episodes_ho
         db.execute("INSERT INTO groups (group_id, task_name, behavior, version, size, complete_at) "
                    "VALUES ('poison-1', 'arithmetic', 'arithmetic', 1, 2, 0)")
         for k, reward in enumerate(("high", 0.0)):
-            db.execute("INSERT INTO episodes VALUES (?, 'poison-1', ?, ?, 0)", (f"poison-1.{k}", str(k), json.dumps(reward)))
+            db.execute("INSERT INTO episodes (episode_id, group_id, member, reward, stored_at) VALUES (?, 'poison-1', ?, ?, 0)",
+                       (f"poison-1.{k}", str(k), json.dumps(reward)))
             row = call(f"poison-1.{k}")
             db.execute(f"INSERT INTO calls VALUES ({','.join('?' * len(row))})", row)
     before = step()
