@@ -225,3 +225,16 @@ def test_an_engine_that_stops_reporting_is_stalled_with_or_without_work_waiting(
     assert dog.check(now=20.0) == []                            # named once; the learner is never "silent"
     dog.progress("policy/engine.1", 0, 0, "engine-2", now=21.0)
     assert (dog.detected, dog.healed) == (1, 1)
+
+
+def test_counters_change_one_way_through_their_methods():
+    """registry/counters.py: every count changes through a method of Counters, never by a
+    desk assigning its fields (it did, 11 times, in leases.py)."""
+    import re
+    from pathlib import Path
+
+    import actorjet.registry as registry
+
+    for path in Path(registry.__file__).parent.glob("*.py"):
+        if path.name != "counters.py":
+            assert not re.search(r"counters\.\w+(\[[^\]]*\])?\s*([-+*]?=)(?!=)", path.read_text()), path.name

@@ -30,6 +30,30 @@ class Counters:
     completed_by_task: dict[str, int] = field(default_factory=dict)
     completed_by_runner: dict[str, int] = field(default_factory=dict)
 
+    def issue(self) -> None:
+        """A new group was issued (a runner's lease, or a client program's first episode)."""
+        self.groups_issued += 1
+
+    def lease(self, n: int) -> None:
+        """``n`` episodes went out in a lease."""
+        self.in_flight += n
+
+    def back(self, n: int) -> None:
+        """``n`` episodes of a lease came back (a result, an expiry, a lost runner, a drop)."""
+        self.in_flight -= n
+
+    def requeue(self, n: int) -> None:
+        """``n`` failed members will run again."""
+        self.requeued += n
+
+    def ran(self, runner: str, n: int) -> None:
+        """``runner`` reported ``n`` episodes of a lease done."""
+        bump(self.completed_by_runner, runner, n)
+
+    def late(self) -> None:
+        """A result came for a lease that is gone (expired, or its runner declared dead)."""
+        self.late_results += 1
+
     def abort(self, cause: str, n: int = 1, task: str | None = None) -> None:
         """``n`` episodes failed; ``cause`` is their counter (the part before the first ':')."""
         key = cause.split(":")[0]

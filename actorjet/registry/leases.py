@@ -98,7 +98,7 @@ class LeaseDesk:
                 break
             busy[source.name] = busy.get(source.name, 0) + 1
             source.issued += 1
-            self.counters.groups_issued += 1
+            self.counters.issue()
             group_id = f"g{self.epoch}_{self.counters.groups_issued}"
             group = {"group_id": group_id, "source": source.name, "task": next(source.tasks), "size": self.group_size,
                      "behavior": source.behavior, "version": source.version, "done": {}, "attempts": 0}
@@ -130,7 +130,7 @@ class LeaseDesk:
         self.leases[lease_id] = {"group_id": group["group_id"], "members": list(members), "episodes": episodes,
                                  "runner_id": runner_id, "started": now, "active": now}
         self.lease_of.update({e["episode_id"]: lease_id for e in episodes})
-        self.counters.in_flight += len(members)
+        self.counters.lease(len(members))
         return {"lease_id": lease_id, "group_id": group["group_id"], "task_name": group["source"],
                 "task": group["task"], "urls": urls, "behavior": group["behavior"], "version": group["version"],
                 "episodes": episodes, "members": list(members), "group_size": group["size"],
@@ -154,11 +154,11 @@ class LeaseDesk:
     def on_result(self, msg: proto.GroupResult) -> Out:
         lease = self._drop(msg.lease_id)
         if lease is None:
-            self.counters.late_results += 1
+            self.counters.late()
             log.warning("late result for lease %s (expired, or its runner was declared dead): rejected",
                         msg.lease_id)
             return []
-        self.counters.in_flight -= len(lease["members"])
+        self.counters.back(len(lease["members"]))
         group = self.groups.get(lease["group_id"])
         if group is None:
             return []
@@ -176,7 +176,7 @@ class LeaseDesk:
         out = close(closed, f"it failed: {cause[:200]}")
         done = len(lease["members"]) - len(failed)
         runner = lease["runner_id"]
-        self.counters.completed_by_runner[runner] = self.counters.completed_by_runner.get(runner, 0) + done
+        self.counters.ran(runner, done)
         if failed:
             retry = not cause.startswith(("upgrade abort", "client abort"))
             out += self._failed(group, failed, cause[:120], retry=retry)
@@ -188,7 +188,7 @@ class LeaseDesk:
         self.counters.abort(cause, len(members), task=group["source"])
         if retry and group["attempts"] < self.max_retries:
             group["attempts"] += 1
-            self.counters.requeued += len(members)
+            self.counters.requeue(len(members))
             self.retry.append((group["group_id"], members))
             return []
         self.groups.pop(group["group_id"], None)
@@ -196,7 +196,7 @@ class LeaseDesk:
         for lease_id, lease in list(self.leases.items()):     # its other members are pointless now
             if lease["group_id"] == group["group_id"]:
                 self._drop(lease_id)
-                self.counters.in_flight -= len(lease["members"])
+                self.counters.back(len(lease["members"]))
                 closed += [e["episode_id"] for e in lease["episodes"]]
         self.counters.drop(group["source"], cause)
         log.warning("group %s dropped whole: %s", group["group_id"], cause)
@@ -231,14 +231,14 @@ class LeaseDesk:
             group = self.groups[group_id] = {
                 "group_id": group_id, "source": "client", "task": task, "size": max(1, size),
                 "behavior": "client", "version": 0, "done": {}, "attempts": self.max_retries, "opened": 0}
-            self.counters.groups_issued += 1
+            self.counters.issue()
         member, group["opened"] = group["opened"], group["opened"] + 1
         lease_id = f"{group_id}~{episode_id}"
         now = time.time()
         self.leases[lease_id] = {"group_id": group_id, "members": [member], "runner_id": "client",
                                  "episodes": [{"episode_id": episode_id}], "started": now, "active": now}
         self.lease_of[episode_id] = lease_id
-        self.counters.in_flight += 1
+        self.counters.lease(1)
 
     # -- failures of runners, nodes and time ---------------------------------------------
     def lost(self, runner_ids: set[str], cause: str) -> Out:
@@ -269,7 +269,7 @@ class LeaseDesk:
             return []
         if lease["runner_id"] == "client":            # a program's episode, not a runner's lease
             cause, abandon = cause.replace("lease expired", "client expired"), False
-        self.counters.in_flight -= len(lease["members"])
+        self.counters.back(len(lease["members"]))
         log.warning("lease %s: %s", lease_id, cause)
         out = close([e["episode_id"] for e in lease["episodes"]], cause)
         if abandon:
