@@ -36,7 +36,7 @@ from swarm import REPO, Swarm, wait_until  # noqa: E402
 
 def job(steps: int) -> str:
     return jobs.tiny_arith(steps, group_size=8, groups_per_step=8, runner_concurrency=16,
-                           behavior="agents.flaky_arithmetic:behavior", model="lr = 1e-4\ncheckpoint_every = 5",
+                           behavior="actorjet_agents.flaky_arithmetic:behavior", model="lr = 1e-4\ncheckpoint_every = 5",
                            train="lease_timeout_s = 4.0\nepisode_retries = 3\nkeep_trajectories = true")
 
 

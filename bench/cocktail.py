@@ -31,7 +31,7 @@ from swarm import REPO, Swarm, wait_until  # noqa: E402
 TASK = """
 [[tasks]]
 name = "{name}"
-source = "agents.arithmetic"
+source = "actorjet_agents.arithmetic"
 behavior = "{behavior}"
 weight = {weight}
 """
@@ -49,8 +49,8 @@ runner_concurrency = 16
 isolation = "{isolation}"
 mix = "{mix}"
 """
-HEALTHY = ("healthy", "agents.arithmetic:behavior")
-CRASHY = ("crashy", "agents.flaky_arithmetic:behavior")
+HEALTHY = ("healthy", "actorjet_agents.arithmetic:behavior")
+CRASHY = ("crashy", "actorjet_agents.flaky_arithmetic:behavior")
 
 
 def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: float) -> dict:

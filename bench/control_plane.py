@@ -43,7 +43,7 @@ from common import table, write  # noqa: E402
 
 GROUP_SIZE = 8
 JOB = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 10 ** 6, "checkpoint_every": 10 ** 6}],
-       "tasks": [{"name": "arithmetic", "source": "agents.arithmetic", "behavior": "agents.arithmetic:behavior"}],
+       "tasks": [{"name": "arithmetic", "source": "actorjet_agents.arithmetic", "behavior": "actorjet_agents.arithmetic:behavior"}],
        # a window the learner never closes: leases are bounded by the runners alone
        "train": {"group_size": GROUP_SIZE, "groups_per_step": 256, "max_staleness": 100_000, "steps": 10 ** 6,
                  "lease_timeout_s": 600.0}}
@@ -118,7 +118,7 @@ def measure_thespian(runners: int, seconds: float, tmp: Path) -> dict:
     from actorjet.runtime.tree_spec import load_tree
 
     spec = json.loads(json.dumps(JOB))
-    spec["tasks"][0]["behavior"] = "agents.zero_work:behavior"
+    spec["tasks"][0]["behavior"] = "actorjet_agents.zero_work:behavior"
     spec["train"]["runner_concurrency"] = max(1, runners // 2)
     job = prepare(normalize(spec, "bench"))
     head = Head(tmp / f"run-thespian-{runners}", load_tree(tree_path("default.toml")), job, port=free_port(), slots=2)

@@ -41,8 +41,8 @@ from common import start_head, table, write  # noqa: E402
 from actorjet.runtime import system  # noqa: E402
 
 GROUP_SIZE, LR, SEED = 8, 1e-4, 0
-TASKS = {"tiny-arith": "agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
-PLAIN = {"agents.arithmetic": "plain_http_agents:arithmetic", "digits_task": "plain_http_agents:digits"}
+TASKS = {"tiny-arith": "actorjet_agents.arithmetic", "smollm2-135m": "digits_task"}   # a task with signal for each
+PLAIN = {"actorjet_agents.arithmetic": "plain_http_agents:arithmetic", "digits_task": "plain_http_agents:digits"}
 ACTORS = ["registry", "model.policy/engine", "model.policy/gateway", "model.policy/learner",
           "runners/runner-head-0", "runners/runner-head-1"]
 

@@ -98,7 +98,7 @@ def actorjet_run(args, model_dir: str, out: Path) -> None:
     spec = {"models": [{"name": "policy", "source": model_dir, "device": args.device, "lr": LR,
                         "max_batch": args.groups * args.group_size, "default_max_tokens": args.answer,
                         "checkpoint_every": 10 ** 6, "eval_every": 10 ** 6}],
-            "tasks": [{"name": "noise", "source": "agents.noise", "behavior": "agents.noise:behavior"}],
+            "tasks": [{"name": "noise", "source": "actorjet_agents.noise", "behavior": "actorjet_agents.noise:behavior"}],
             "train": {"group_size": args.group_size, "groups_per_step": args.groups, "steps": args.steps,
                       "max_staleness": 1, "seed": 0, "runner_concurrency": args.groups * args.group_size}}
     job = prepare(normalize(spec, "rl_throughput"))

@@ -71,7 +71,7 @@ def trl_run(seed: int, steps: int, out: Path, device: str = "cpu") -> None:
     stream = arithmetic.tasks(seed)
     rows = [next(stream) for _ in range(steps * GROUPS)]
     data = Dataset.from_list([{"prompt": arithmetic.messages(t), "answer": t["answer"]} for t in rows])
-    spec = eval_spec("agents.arithmetic", "policy")
+    spec = eval_spec("actorjet_agents.arithmetic", "policy")
 
     def reward(completions, answer, **_):
         return [arithmetic.score({"answer": a}, c[0]["content"]) for c, a in zip(completions, answer)]
@@ -177,7 +177,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
 
     start = job["models"][0]["path"]
     model, tok = AutoModelForCausalLM.from_pretrained(start), AutoTokenizer.from_pretrained(start)
-    score = eval_spec("agents.arithmetic", "policy")
+    score = eval_spec("actorjet_agents.arithmetic", "policy")
     curve = [{"step": 0, "clock_s": 0.0, "accuracy": greedy_accuracy(model, tok, score)}]
     for ckpt in sorted((run / "checkpoints" / "policy").glob("step_*")):
         step = int(ckpt.name.split("_")[1])
