@@ -160,14 +160,14 @@ def test_client_mode_episodes_are_leases_of_one_member():
 
 def test_groups_jsonl_and_the_learners_backlog_come_from_the_stores(tmp_path):
     desk = make_desk()
-    desk.group_log.path = tmp_path / "groups.jsonl"
+    desk.learners.group_log.path = tmp_path / "groups.jsonl"
     g = {"group_id": "g1_1", "task_name": "t", "behavior": "t", "version": 1, "rewards": {"g1_1.0": 1.0}}
-    assert desk.on_StoreNews(proto.StoreNews("policy", [g], 1, 3), "gw")[0][1].group_ids == ["g1_1"]
-    out = desk.on_StoreNews(proto.StoreNews("critic", [g, dict(g, group_id="g1_2")], 2, 0), "gw2")   # two stores
+    assert desk.handlers()[proto.StoreNews](proto.StoreNews("policy", [g], 1, 3), "gw")[0][1].group_ids == ["g1_1"]
+    out = desk.handlers()[proto.StoreNews](proto.StoreNews("critic", [g, dict(g, group_id="g1_2")], 2, 0), "gw2")   # two stores
     assert [(to, x.group_ids) for to, x in out] == [("gw2", ["g1_1", "g1_2"])]   # both marked told there
     lines = [json.loads(line) for line in (tmp_path / "groups.jsonl").read_text().splitlines()]
     assert [x["group_id"] for x in lines] == ["g1_1", "g1_2"] and lines[0]["rewards"] == {"g1_1.0": 1.0}
-    assert desk.untrained == {"policy": 3, "critic": 0}
+    assert desk.learners.untrained == {"policy": 3, "critic": 0}
     assert desk.status_counts()["groups"]["finished"] == 2          # as the stores judged it, never counted here
 
 

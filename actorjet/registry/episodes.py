@@ -1,7 +1,10 @@
-"""Episode bookkeeping inside the registry: the service directory, task sources and their
-behaviors, learner progress, what the episode stores report, and status.  Leases (issue,
-retry, re-queue, expire; client-mode episodes too) are in leases.py; upgrades and rollbacks
-in upgrades.py.  Whether a group is complete is the stores' judgment (store/completed.py).
+"""The registry's desks, composed: the service directory, the task sources and their
+behaviors (a cocktail changed live), the runners and what they are doing, liveness, and
+status.  Each other responsibility is a desk of its own, with the messages it owns: leases
+(issue, retry, re-queue, expire; client-mode episodes too) in leases.py, what the learners and
+the episode stores report (and the run's history files) in learners.py, upgrades and
+rollbacks in upgrades.py.  Whether a group is complete is the stores' judgment
+(store/completed.py).
 
 A plain state object, like the desks it holds: ``handlers()`` maps each message type to a
 method that takes the message and its sender and returns the messages to send, as
@@ -11,12 +14,10 @@ it must know of the registry (placed runners, restart counts) is handed to it.
 from __future__ import annotations
 
 import time
-from collections import deque
 
-from actorjet.monitor import metrics, tensorboard_events
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.counters import Counters
-from actorjet.registry.group_log import GroupLog
+from actorjet.registry.learners import LearnerDesk
 from actorjet.registry.leases import LeaseDesk, Out
 from actorjet.registry.task_source import TaskSource
 from actorjet.registry.upgrades import UpgradeDesk
@@ -27,9 +28,6 @@ from actorjet.registry import protocol as proto
 from actorjet.runtime.logs import log
 
 QUIET_RUNNER_S = 10.0     # a placed runner that asked for no work this long is named in status
-RECENT_STEPS = 60         # learner steps per model kept for status / `actorjet top`
-RECENT_KEYS = ("step", "time", "reward_mean", "batch_wait_s", "train_s", "publish_s", "step_time_s",
-               "staleness_mean", "tokens", "token_ratio", "by_task", "rank_step_s")
 
 
 class EpisodeDesk:
@@ -50,45 +48,35 @@ class EpisodeDesk:
         self.nodes_lost = 0
         self.runner_addr: dict[str, object] = {}     # runner id → address (from its lease requests)
         self.runner_asked: dict[str, tuple[float, str]] = {}     # runner id → (last request, why no work)
-        self.recent: dict[str, deque] = {}                         # model → its last train lines
-        self.accuracy: dict[str, dict[str, float]] = {}            # model → task → last held-out accuracy
         self.services: dict[str, dict] = {}
         self.supervised: dict[tuple, tuple] = {}   # (model, kind) → (its supervisor, child id, pid)
         self.replicas: dict[str, dict] = {}      # model → its gateway's view of its engine replicas
         self.hardware: dict[str, dict] = {}      # model → kind (engine, engine.1, learner) → device, memory
         train = (context.get("job") or {}).get("train", {})
         self.watchdog = Watchdog(float(train.get("stall_s", 120.0)))
-        self.tb = tensorboard_events.EventWriter(self.run_dir) if train.get("tensorboard") and self.run_dir else None
-        self.metrics = metrics.Writer(self.run_dir) if self.run_dir else None
         self.full_disks = disk.FullDisks()            # who cannot write for want of space (DiskFull)
         self.batch_groups = int(train.get("groups_per_step", 1))
         self.subscribers: list = []
-        self.group_log = GroupLog(self.run_dir)       # RUN_DIR/groups.jsonl, from the stores' news
-        self.untrained: dict[str, int] = {}          # model → complete groups its learner has not trained
-        self.store_complete: dict[str, int] = {}     # model → groups its store judged complete (StoreNews)
-        self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed}
-        self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
-        self.recovered: dict[str, dict] = {}         # model → what its learner resumed from (Resumed)
-        self.finished = False
+        self.learners = LearnerDesk(self.run_dir, train, self.full_disks,       # progress, stores' news, history
+                                    lambda: {**self.status_counts(), "restarts": dict(self.restarts),
+                                             "nodes_lost": self.nodes_lost})
 
     # -- dispatch -----------------------------------------------------------------------
     def handlers(self) -> dict:
         """Message type → handler(msg, sender) → [(address, message)]."""
         u = self.upgrades
         return {
+            **self.learners.handlers(),        # Metric, Trained, Evaluated, StoreNews, StoreCounts, Resumed
             m.ServiceUp: self.on_ServiceUp, proto.TaskCommand: self.on_TaskCommand,
             proto.LeaseRequest: self.on_LeaseRequest, proto.GroupResult: self.on_GroupResult,
-            m.RunnerDown: self.on_RunnerDown, proto.Progress: self.on_Progress, m.Metric: self.on_Metric,
-            proto.StoreCounts: lambda msg, sender: self._latest(self.store_counts, msg.model, msg.counts),
+            m.RunnerDown: self.on_RunnerDown, proto.Progress: self.on_Progress,
             proto.EngineReplicas: lambda msg, sender: self._latest(self.replicas, msg.model, msg.replicas),
             proto.Hardware: lambda msg, sender: self._latest(self.hardware.setdefault(str(msg.model), {}),
                                                              msg.kind, msg.info),
-            proto.Resumed: lambda msg, sender: self._latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
             proto.DiskFull: lambda msg, sender: self.full_disks.report(str(msg.who), str(msg.cause)) or [],
-            proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.Quarantined: lambda msg, sender: self.counters.quarantine(msg.cause) or [],
             proto.ClientEvent: lambda msg, sender: self.route(self.leases.client_event(msg.event)),   # client mode
-            proto.EpisodeActivity: self.on_EpisodeActivity, proto.StoreNews: self.on_StoreNews,
+            proto.EpisodeActivity: self.on_EpisodeActivity,
             proto.Upgrade: lambda msg, sender: u.upgrade(msg, sender, self.live_runner_addresses(), self.gateway_urls()),
             proto.CanaryResult: lambda msg, sender: u.canary_result(msg, self.live_runner_addresses()),
             proto.Rollback: lambda msg, sender: u.rollback(msg, sender, self.live_runner_addresses()),
@@ -115,7 +103,7 @@ class EpisodeDesk:
         self.services.setdefault(msg.model, {})[msg.kind] = {"url": msg.url, "address": msg.address}
         self.supervised[(msg.model, msg.kind)] = (msg.supervisor, msg.child_id, msg.pid)
         if msg.kind == "learner":
-            self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
+            self.learners.learner_up(msg.model)
         return self._publish()
 
     def subscribe(self, sender) -> Out:
@@ -182,13 +170,14 @@ class EpisodeDesk:
         urls = self.gateway_urls()
         self.runner_addr[msg.runner_id] = sender
         self.upgrades.runner_versions[msg.runner_id] = dict(msg.behaviors)
-        if self.finished:
+        if self.learners.finished:
             return self._no_work(msg, sender, 2.0, "training finished")
         if self.full_disks.paused:
             return self._no_work(msg, sender, disk.RETRY_S, "paused: disk full")
-        if not self.sources or not urls or not self.models or not self.serving(urls):
+        if not self.sources or not urls or not self.learners.models or not self.serving(urls):
             return self._no_work(msg, sender, 0.2, "models not ready")
-        leases = self.leases.lease(self.sources, msg.runner_id, msg.max_groups, self._consumed(), urls,
+        leases = self.leases.lease(self.sources, msg.runner_id, msg.max_groups,
+                                   self.learners.consumed([s.name for s in self.sources]), urls,
                                    msg.per_task, dict(msg.busy))
         if not leases:
             return self._no_work(msg, sender, 0.05, "waiting for the learner (staleness bound)")
@@ -220,25 +209,8 @@ class EpisodeDesk:
             return f"not asking for work ({now - asked:.0f} s)"
         return f"idle: {reason}" if reason else "idle"
 
-    def _consumed(self) -> dict[str, int]:
-        """Groups trained per task (the slowest model decides)."""
-        names = {s.name for s in self.sources}
-        return {t: min((v.get("consumed_by_task", {}).get(t, 0) for v in self.models.values()), default=0)
-                for t in names}
-
     def on_GroupResult(self, msg: proto.GroupResult, sender) -> Out:
         return self.route(self.leases.on_result(msg))
-
-    def on_StoreNews(self, msg: proto.StoreNews, sender) -> Out:
-        """A gateway's store judged these groups complete (groups.jsonl; the gateway marks them
-        told when it hears back) and holds this many its learner has not trained (the backlog)."""
-        groups = self.group_log.add(msg.completed if isinstance(msg.completed, list) else [])
-        self.full_disks.report("registry (groups.jsonl)", self.group_log.cause)
-        if isinstance(msg.untrained, int):
-            self.untrained[str(msg.model)] = msg.untrained
-        if isinstance(msg.complete, int):
-            self.store_complete[str(msg.model)] = msg.complete
-        return [(sender, proto.GroupsLogged(groups))] if groups else []
 
     def on_RunnerDown(self, msg: m.RunnerDown, sender) -> Out:
         return self.route(self.leases.lost({msg.runner_id}, "runner died"))
@@ -249,15 +221,14 @@ class EpisodeDesk:
         return self.route(self.leases.lost(runners, "node lost"))
 
     def tick(self) -> Out:
-        if self.metrics is not None and self.metrics.waiting:
-            self.full_disks.report("registry (metrics.jsonl)", self.metrics.write())
+        self.learners.retry_writes()
         return self.upgrades.tick() + self.route(self.leases.tick()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
     @staticmethod
     def _latest(table: dict, model, report) -> Out:
-        """A per-model report kept for status as it last came: a learner's store counts
-        (episodes.trained), a gateway's engine replicas."""
+        """A per-model report kept for status as it last came: a gateway's engine replicas, an
+        engine's or learner's hardware."""
         if isinstance(report, dict):
             table[str(model)] = dict(report)
         return []
@@ -272,12 +243,12 @@ class EpisodeDesk:
         supervisor restarts it."""
         now = time.time()
         size = self.batch_groups
-        for model, info in self.models.items():
+        for model, info in self.learners.models.items():
             learner = self.services.get(model, {}).get("learner")
-            if learner is None or self.finished or info.get("evaluating_step") is not None:
+            if learner is None or self.learners.finished or info.get("evaluating_step") is not None:
                 self.watchdog.forget(f"{model}/learner")
                 continue
-            backlog = self.untrained.get(model, 0)      # (a full disk pauses it: not a stall)
+            backlog = self.learners.untrained.get(model, 0)      # (a full disk pauses it: not a stall)
             self.watchdog.progress(f"{model}/learner", info["learner_step"],
                                    int(backlog >= size and not self.full_disks.paused), learner["address"], now)
         out: Out = []
@@ -295,8 +266,8 @@ class EpisodeDesk:
         stalled = self.watchdog.status(time.time())["stalled"]
         if stalled:
             return "stalled: " + ", ".join(f"{who}, {s} s" for who, s in stalled.items())
-        if self.finished:
-            steps = [info["learner_step"] for info in self.models.values()]
+        if self.learners.finished:
+            steps = [info["learner_step"] for info in self.learners.models.values()]
             return f"training finished at step {max(steps, default=0)}"
         if not self.placed_runners() and not self.runner_addr:
             return "waiting for runners (join a node, or start the head with --slots)"
@@ -308,87 +279,34 @@ class EpisodeDesk:
         self.leases.touch(ids, now)
         return []
 
-    # -- learners -----------------------------------------------------------------------
-    def on_Metric(self, msg: m.Metric, sender) -> Out:
-        """The run's metrics.jsonl lives on the head, whichever node the learner runs on.  The
-        last steps are also kept for status (`actorjet top` draws from them)."""
-        if not isinstance(msg.record, dict):
-            return []
-        self._record(msg.record)
-        model = str(msg.record.get("model", ""))
-        if msg.record.get("kind") == "train":
-            self.recent.setdefault(model, deque(maxlen=RECENT_STEPS)).append(
-                {k: msg.record.get(k) for k in RECENT_KEYS if k in msg.record})
-        elif msg.record.get("kind") == "eval":
-            self.accuracy.setdefault(model, {})[str(msg.record.get("task", ""))] = msg.record.get("accuracy")
-        return []
-
-    def on_Evaluated(self, msg: proto.Evaluated, sender) -> Out:
-        info = self.models.get(msg.model, {})
-        if info.get("evaluating_step") is not None and msg.step == info["evaluating_step"]:
-            info["evaluating_step"] = None
-            self.finished = True
-        return []
-
-    def on_Trained(self, msg: proto.Trained, sender) -> Out:
-        info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
-        info.update(weight_version=msg.weight_version, learner_step=msg.step)
-        info["consumed"] += msg.groups
-        for task, n in msg.tasks.items():
-            per_task = info.setdefault("consumed_by_task", {})
-            per_task[task] = per_task.get(task, 0) + n
-        if msg.done and msg.evaluating:      # done training; finished when its last evaluation reports
-            info["evaluating_step"] = msg.step
-        elif msg.done:
-            self.finished = True
-        self._record({"kind": "swarm", "model": msg.model, "step": msg.step,    # the swarm's fault counters
-                      **self.status_counts(), "restarts": dict(self.restarts), "nodes_lost": self.nodes_lost})
-        return []
-
-    def _record(self, record: dict) -> None:
-        """A metrics line: metrics.jsonl on the head, and TensorBoard when asked for (a line
-        that meets a full disk waits in the writer; TensorBoard, a second view, skips it)."""
-        if not self.run_dir:
-            return
-        record = {"time": time.time(), **record}
-        self.full_disks.report("registry (metrics.jsonl)", self.metrics.write(record))
-        if self.tb is not None and not self.metrics.cause:
-            try:
-                self.tb.write(record)
-            except OSError as e:
-                if not disk.is_full(e):
-                    raise
-
     # -- status ---------------------------------------------------------------------------
     def status_counts(self) -> dict:
         c = self.counters
         episodes = c.episodes()
-        episodes["trained"] = max((n.get("episodes_trained", 0) for n in self.store_counts.values()), default=0)
+        episodes["trained"] = self.learners.episodes_trained()
         return {"episodes": episodes, "aborted_by_cause": dict(c.abort_causes),
                 "tasks": {name: {**t, "completed": c.completed_by_task.get(name, 0),
                                  "aborted_by_cause": dict(c.abort_by_task.get(name, {}))}
                           for name, t in self.task_table().items()},
-                # finished: as the stores judged it (the registry keeps no count of its own; a
-                # group of several models is complete in each store, so the largest)
-                "groups": {"finished": max(self.store_complete.values(), default=0), "dropped": c.groups_dropped,
+                "groups": {"finished": self.learners.finished_groups(), "dropped": c.groups_dropped,   # the stores' word
                            "quarantined": c.groups_quarantined, "quarantined_by_cause": dict(c.quarantine_causes),
                            "dropped_by_cause": dict(c.drop_causes),
                            "late_results_rejected": c.late_results, **self.leases.status()}}
 
     def status(self) -> dict:
+        learners = self.learners
         return {**self.status_counts(),
                 "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
-                            "accuracy": dict(self.accuracy.get(k, {})), "recent": list(self.recent.get(k, [])),
+                            "accuracy": dict(learners.accuracy.get(k, {})), "recent": list(learners.recent.get(k, [])),
                             "engine_replicas": self.replicas.get(k, {}), "hardware": self.hardware.get(k, {}),
-                            "learner_ranks": next((r["rank_step_s"] for r in reversed(self.recent.get(k, []))
+                            "learner_ranks": next((r["rank_step_s"] for r in reversed(learners.recent.get(k, []))
                                                    if r.get("rank_step_s")), [])}
-                           for k, v in sorted(self.models.items())],
+                           for k, v in sorted(learners.models.items())],
                 "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
-                "training_finished": self.finished, "watchdog": self.watchdog_line(), "recovered": self.recovered,
+                "training_finished": learners.finished, "watchdog": self.watchdog_line(), "recovered": learners.recovered,
                 "disk_full": dict(self.full_disks.reports), "paused": self.full_disks.line(),
                 **self.watchdog.status(time.time()),
                 "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        self.learners.close()
