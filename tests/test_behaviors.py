@@ -132,12 +132,39 @@ def test_the_runner_core_runs_leases_on_their_version_and_gives_up_on_hung_ones(
         time.sleep(0.02)
     assert [r["reward"] for r in done["old"]] == [0.75, 0.75]
     assert [r["error"] for r in done["hangs"]] == ["timeout: still running after 0.3 s"] * 2
-    assert len(core.still_hung()) == 2 and core.busy() == 0 and not core.held     # until the sleeps end
+    assert len(core.still_hung()) == 2 and core.busy() == 0 and not core.lease_ids()   # until the sleeps end
     deadline = time.monotonic() + 10
     while core.still_hung() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert core.still_hung() == []
     core.close()
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_canary_runs_through_the_runner_core_under_its_isolation_without_becoming_current(monkeypatch, isolation):
+    """Canaries used to bypass the core (their own thread pool, no process isolation)."""
+    import time
+
+    from actorjet.runner.core import Processes, RunnerCore, Threads
+
+    monkeypatch.setenv(SECRET_ENV, "s")
+    core = RunnerCore(Threads(2) if isolation == "thread" else Processes(2))
+    try:
+        assert core.install(sign("s", "t", 1, cloudpickle.dumps(lambda task, llm: 0.0))) == ("", "")
+        canary = sign("s", "t", 2, cloudpickle.dumps(lambda task, llm: task["x"]))
+        lease = {"group_id": "canary_2_1", "task_name": "t", "tasks": [{"x": 0.25}, {"x": 0.5}],
+                 "urls": {"m": "http://unused"}, "episodes": [{"episode_id": f"c-{k}", "api_key": "k"} for k in range(2)]}
+        assert core.start_canary(canary, lease) == ("", "")
+        assert core.start_canary(sign("other", "t", 3, b"x"), dict(lease, group_id="bad"))[0].startswith("refused")
+        deadline, done = time.monotonic() + 60, []
+        while not done and time.monotonic() < deadline:
+            done = core.finished_canaries()
+            time.sleep(0.02)
+        [(group_id, payload, results)] = done
+        assert group_id == "canary_2_1" and payload["version"] == 2 and [r["reward"] for r in results] == [0.25, 0.5]
+        assert core.current == {"t": 1} and core.busy() == 0          # the canary's version is not current
+    finally:
+        core.close()
 
 
 def test_process_isolation_restarts_a_task_worker_not_the_runner(monkeypatch):

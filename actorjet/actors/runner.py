@@ -24,7 +24,6 @@ from thespian.actors import WakeupMessage
 
 from actorjet.rl.rewards import failed
 from actorjet.runner.core import Processes, RunnerCore, Threads, groups_to_take
-from actorjet.runner.episode import load_behavior, run_episode
 from actorjet.runner.results import store_results
 from actorjet.runtime import messages as m
 from actorjet.registry import protocol as proto
@@ -55,10 +54,9 @@ class AgentRunner(ManagedActor):
         self.group_size = int(train.get("group_size", 1))
         self.isolation = train.get("isolation", "thread")           # thread | process (worker.py)
         self.core = RunnerCore(Processes(self.concurrency) if self.isolation == "process" else Threads(self.concurrency))
-        self.canary_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="canary")
         self.reporter = ThreadPoolExecutor(2, thread_name_prefix="report")
         self.reporting: dict[str, Future] = {}          # lease id → its results, once stored
-        self.canaries: dict[str, tuple[proto.Canary, list[Future], object]] = {}
+        self.canary_askers: dict[str, object] = {}     # canary group id → who asked for it
         self.task_memory_mb = float(train.get("task_memory_mb", 0))
         self.memory_limit_mb = float(train.get("runner_memory_mb", 0))
         self.next_memory_check = self.next_task_memory_check = 0.0
@@ -82,10 +80,8 @@ class AgentRunner(ManagedActor):
             # Each task has its own worker and its own capacity here: a task whose episodes
             # stall (a crash loop, a slow environment) cannot occupy the others' room.
             per_task = max(1, self.concurrency // max(1, self.group_size))
-            busy: dict[str, int] = {}
-            for held in self.core.held.values():
-                busy[held.lease["task_name"]] = busy.get(held.lease["task_name"], 0) + 1
-            msg = proto.LeaseRequest(self.runner_id, per_task * 8, dict(self.core.current), per_task, busy)
+            msg = proto.LeaseRequest(self.runner_id, per_task * 8, dict(self.core.current), per_task,
+                                     self.core.busy_by_task())
         else:
             free = self._free()
             if free <= 0:
@@ -108,37 +104,29 @@ class AgentRunner(ManagedActor):
         name, version = msg.payload.get("name"), msg.payload.get("version")
         error = self._install(msg.payload)
         if not error and msg.policy == "abort":
-            for lease_id, held in list(self.core.held.items()):
-                lease = held.lease
-                if lease["behavior"] == name and lease["version"] != version:
-                    self.core.drop(lease_id)      # the threads finish on their own; results ignored
-                    results = [failed(ep["episode_id"], f"upgrade abort: {name} v{version} replaced v{lease['version']}")
-                               for ep in lease["episodes"]]
-                    self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
+            for lease in self.core.drop_other_versions(name, version):   # their threads finish, unread
+                results = [failed(ep["episode_id"], f"upgrade abort: {name} v{version} replaced v{lease['version']}")
+                           for ep in lease["episodes"]]
+                self.send(self.registry, proto.GroupResult(self.runner_id, lease["lease_id"], results))
         self.send(sender, proto.BehaviorLoaded(self.runner_id, str(name), int(version or 0), error))
         self._ask_for_work()
 
     def receiveMsg_Canary(self, msg: proto.Canary, sender):
-        name, version = msg.payload.get("name"), msg.payload.get("version")
-        fn, error, tb = load_behavior(msg.payload)
-        if fn is None:
-            self.send(sender, proto.CanaryResult(self.runner_id, name, version, False, error, tb))
+        """A version's trial run, through the runner core like every episode (its isolation)."""
+        error, tb = self.core.start_canary(msg.payload, msg.lease)
+        if error:
+            self.send(sender, proto.CanaryResult(self.runner_id, msg.payload.get("name"), msg.payload.get("version"),
+                                                 False, error, tb))
             return
-        lease = msg.lease
-        futures = [self.canary_pool.submit(run_episode, fn, task, lease["urls"], ep)
-                   for task, ep in zip(lease["tasks"], lease["episodes"])]
-        self.canaries[lease["group_id"]] = (msg, futures, sender)
+        self.canary_askers[msg.lease["group_id"]] = sender
         self._poll_soon()
 
     def _finish_canaries(self) -> None:
-        for group_id, (msg, futures, reply_to) in list(self.canaries.items()):
-            if not all(f.done() for f in futures):
-                continue
-            del self.canaries[group_id]
-            results = [f.result() for f in futures]
+        for group_id, payload, results in self.core.finished_canaries():
+            reply_to = self.canary_askers.pop(group_id, self.registry)
             failed = next((r for r in results if r.get("error")), None)
             self.send(reply_to, proto.CanaryResult(
-                self.runner_id, msg.payload["name"], msg.payload["version"], failed is None,
+                self.runner_id, payload["name"], payload["version"], failed is None,
                 failed["error"] if failed else "", failed.get("traceback", "") if failed else "",
                 [r["reward"] for r in results]))
 
@@ -155,7 +143,7 @@ class AgentRunner(ManagedActor):
 
     def receiveMsg_AbandonLease(self, msg: proto.AbandonLease, sender):
         """The registry expired this lease (idle or over its total limit): give up on it now."""
-        if msg.lease_id in self.core.held:
+        if self.core.holds(msg.lease_id):
             self.core.abandon(msg.lease_id, str(msg.cause))
             self._poll_soon(0)
 
@@ -185,17 +173,17 @@ class AgentRunner(ManagedActor):
                 self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
         self._check_health()
         self._ask_for_work()
-        if self.core.held or self.canaries or self.reporting or not self.waiting_for_leases:
+        if self.core.busy() or self.canary_askers or self.reporting or not self.waiting_for_leases:
             self._poll_soon()
 
     def _check_health(self) -> None:
         """Hung episodes hold threads; leaked memory stays in this process.  Past a limit the
         runner reports its work as failed (so it is retried elsewhere) and crashes on purpose:
         its supervisor starts a clean process, and no other runner is touched."""
-        hung = self.core.isolation.relieve(self.core.still_hung(), max(1, self.concurrency // 2))
+        hung = self.core.relieve_hung(max(1, self.concurrency // 2))
         if self.task_memory_mb and time.monotonic() > self.next_task_memory_check:
             self.next_task_memory_check = time.monotonic() + 1.0     # psutil is not free: once a second
-            for name, rss in self.core.isolation.restart_over(self.task_memory_mb):
+            for name, rss in self.core.restart_workers_over(self.task_memory_mb):
                 log.warning("%s: task %s's worker uses %.0f MB: restarted", self.runner_id, name, rss)
         reason = ""
         if len(hung) >= max(1, self.concurrency // 2):
@@ -207,10 +195,9 @@ class AgentRunner(ManagedActor):
                 reason = f"it uses {rss_mb:.0f} MB, over runner_memory_mb = {self.memory_limit_mb:g}"
         if not reason:
             return
-        for lease_id, held in list(self.core.held.items()):
-            results = [failed(ep["episode_id"], f"runner restarted: {reason}") for ep in held.lease["episodes"]]
-            self.send(self.registry, proto.GroupResult(self.runner_id, lease_id, results))
-        self.core.held.clear()
+        for lease in self.core.give_up_all():
+            results = [failed(ep["episode_id"], f"runner restarted: {reason}") for ep in lease["episodes"]]
+            self.send(self.registry, proto.GroupResult(self.runner_id, lease["lease_id"], results))
         raise RuntimeError(f"runner {self.runner_id} restarts because {reason}")
 
     def on_stop(self) -> None:
@@ -218,7 +205,6 @@ class AgentRunner(ManagedActor):
             self.reporter.shutdown(wait=False, cancel_futures=True)
         if getattr(self, "core", None):
             self.core.close()
-            self.canary_pool.shutdown(wait=False, cancel_futures=True)
             # Interpreter exit joins the pool's threads; a hung behavior would keep this process
             # alive for ever.  If it has not exited 2 s from now, it leaves without them.
             threading.Thread(target=_exit_later, args=(2.0,), daemon=True).start()

@@ -105,6 +105,7 @@ class RunnerCore:
         self.current: dict[str, int] = {}                     # name → version new leases get
         self.held: dict[str, Held] = {}                       # lease id → its running episodes
         self.hung: list[tuple[str, Future]] = []              # (task, future) given up on
+        self.canaries: dict[str, tuple[dict, list[Future]]] = {}    # group id → (its payload, its episodes)
 
     def install(self, payload) -> tuple[str, str]:
         """Load a version and make it current: ("", "") or (error, traceback)."""
@@ -134,15 +135,67 @@ class RunnerCore:
         """Episodes running now."""
         return sum(len(h.futures) for h in self.held.values())
 
+    def busy_by_task(self) -> dict[str, int]:
+        """Leases running now, per task (process isolation asks for work per task)."""
+        busy: dict[str, int] = {}
+        for held in self.held.values():
+            busy[held.lease["task_name"]] = busy.get(held.lease["task_name"], 0) + 1
+        return busy
+
+    def holds(self, lease_id: str) -> bool:
+        return lease_id in self.held
+
+    def lease_ids(self) -> list[str]:
+        """The leases running now."""
+        return list(self.held)
+
+    def drop_other_versions(self, name: str, version: int) -> list[dict]:
+        """An upgrade with policy abort: forget the leases of ``name`` at any other version
+        (their episodes finish on their own, unread) and return them, to be reported failed."""
+        stale = [lid for lid, h in self.held.items() if h.lease["behavior"] == name and h.lease["version"] != version]
+        return [self.held.pop(lid).lease for lid in stale]
+
+    def give_up_all(self) -> list[dict]:
+        """The runner restarts: every lease it holds, to be reported failed (retried elsewhere)."""
+        leases = [h.lease for h in self.held.values()]
+        self.held.clear()
+        return leases
+
+    def relieve_hung(self, limit: int) -> list[tuple[str, Future]]:
+        """Hung episodes that still hold this runner's threads (the isolation frees what it can)."""
+        return self.isolation.relieve(self.still_hung(), limit)
+
+    def restart_workers_over(self, memory_mb: float) -> list[tuple[str, float]]:
+        return self.isolation.restart_over(memory_mb)
+
+    # -- canaries: a version's trial run, trained on by nothing ------------------------------
+    def start_canary(self, payload, lease: dict) -> tuple[str, str]:
+        """Run a canary's episodes (``lease``: group_id, tasks, urls, episodes) on a version
+        loaded for it alone (not made current), under the same isolation as every episode:
+        ("", "") or (error, traceback) if the version does not load."""
+        fn, error, tb = load_behavior(payload)
+        if fn is None:
+            return error, tb
+        futures = []
+        for task, ep in zip(lease["tasks"], lease["episodes"]):
+            one = {**lease, "task": task, "episodes": [ep], "task_name": lease.get("task_name", payload["name"])}
+            futures += self.isolation.submit(one, fn, payload)
+        self.canaries[lease["group_id"]] = (payload, futures)
+        return "", ""
+
+    def finished_canaries(self) -> list[tuple[str, dict, list[dict]]]:
+        """(group id, payload, results) of every canary whose episodes all ended."""
+        out = []
+        for group_id, (payload, futures) in list(self.canaries.items()):
+            if all(f.done() for f in futures):
+                del self.canaries[group_id]
+                out.append((group_id, payload, [f.result() for f in futures]))
+        return out
+
     def abandon(self, lease_id: str, cause: str) -> None:
         """The registry expired this lease: give it back, failed, at the next ``finished``."""
         if lease_id in self.held:
             self.held[lease_id].abandoned, self.held[lease_id].give_up_at = cause[:200], 0.0
-
-    def drop(self, lease_id: str) -> dict | None:
-        """Forget a lease (its episodes finish on their own, their results unread)."""
-        held = self.held.pop(lease_id, None)
-        return held.lease if held else None
 
     def finished(self) -> list[tuple[dict, list[dict]]]:
         """(lease, results) of every lease that is done or out of time, removed from ``held``."""

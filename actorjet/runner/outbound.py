@@ -109,10 +109,10 @@ class OutboundNode:
             self._lease(free_groups)
 
     def _give_up_expired(self) -> None:
-        if not self.core.held or time.monotonic() - self.abandoned_asked < ABANDONED_POLL_S:
+        if not self.core.lease_ids() or time.monotonic() - self.abandoned_asked < ABANDONED_POLL_S:
             return
         self.abandoned_asked = time.monotonic()
-        answer = self._post("/v1/actorjet/abandoned", {"runner_id": self.runner_id, "lease_ids": list(self.core.held)})
+        answer = self._post("/v1/actorjet/abandoned", {"runner_id": self.runner_id, "lease_ids": self.core.lease_ids()})
         for lease_id, cause in answer.get("abandoned", {}).items():
             self.core.abandon(lease_id, str(cause))
 
