@@ -4,6 +4,7 @@ and rl_throughput at tiny sizes."""
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_at_tiny_shapes(tmp_path):
     its clock at the first lease; kept caches decode in one batch; RL throughput runs both
     frameworks."""
     done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "TMPDIR": str(tmp_path), "GPU_CHECK_SKIP_TESTS": "1"})
+                          text=True, timeout=900, env={**os.environ, "TMPDIR": str(tmp_path), "GPU_CHECK_SKIP_TESTS": "1",
+                                                       # its python3 is this interpreter (a venv not activated)
+                                                       "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert done.returncode == 0 and "every GPU check ran" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
     [out] = [p for p in tmp_path.glob("gpu-check-*") if p.is_dir()]
     read = lambda name: json.loads((out / f"{name}.json").read_text())  # noqa: E731

@@ -78,8 +78,9 @@ def test_training_survives_killed_runners_node_gateway_and_learner(swarm, networ
     assert len(logged) == len(set(logged)) and set(logged) == complete
     # "Done" is the store's word alone: status's groups.finished is the store's complete count
     # (the gateway tells it each second), never a count the registry keeps.
-    data = wait_until(lambda: (lambda d: d if d["groups"]["finished"] == len(complete) else None)(status()), 10,
-                      what="status's finished groups to be the store's")
+    store_complete = EpisodeStore(run / "episodes-policy.sqlite").counts()["complete"]     # retired included
+    data = wait_until(lambda: (lambda d: d if d["groups"]["finished"] == store_complete else None)(status()), 10,
+                      what=f"status's finished groups to be the store's {store_complete}")
     assert trained >= STEPS * 8 - 8 * 5     # at most one checkpoint interval was rewound and not redone
     members: dict[str, set] = {}      # complete group → its members with recorded calls (store + archive)
     for path, read in ((run / "trajectories" / "policy.jsonl", archived), (run / "episodes-policy.sqlite", stored)):
