@@ -153,6 +153,12 @@ def test_keys_closed_episodes_and_raw_http_errors(served):
                                                              "episodes": [{"episode_id": "g1.0", "api_key": "sk-x",
                                                                            "member": 0, "reward": 1.0}]})
     assert status == 403 and "api_key" in body["error"]["message"]      # a reward needs its episode's key
+    for leased_at in (float("nan"), 1e300, -5, "yesterday", True, [1]):   # the step timeline's lease time
+        episode = {"episode_id": "g1.0", "api_key": signing.mint_key(SECRET, "g1.0"), "member": 0, "reward": 1.0,
+                   "leased_at": leased_at}
+        status, body = http(server.url + "/v1/actorjet/results", raw=json.dumps(
+            {"group": {"group_id": "g1", "size": 1}, "episodes": [episode]}).encode())
+        assert status == 400 and "leased_at" in body["error"]["message"], (leased_at, body)
     status, body = http(server.url + "/v1/chat/completions", raw=b" " * (17 * 1024 * 1024),   # over 16 MiB
                         headers={"Authorization": f"Bearer {signing.mint_key(SECRET, 'ep8')}"})
     assert status == 413 and "too large" in body["error"]["message"].lower(), body

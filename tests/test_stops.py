@@ -47,10 +47,10 @@ def test_a_system_whose_admin_exits_mid_scan_has_no_processes_left(monkeypatch):
     assert system.system_processes(12345) == []
 
 
-def test_a_sigkilled_front_process_takes_its_whole_actor_system_with_it(swarm, trees, tmp_path):
-    """Issue 51: the front process of a head, a joined node, an outbound node and a research
-    trial's head is SIGKILLed (as the OOM killer would): within seconds nothing of it is left
-    (runtime/owner_watch.py), its admin included, and its port is free."""
+def test_a_sigkilled_front_process_takes_its_whole_actor_system_with_it(swarm, network, trees, tmp_path):
+    """Issue 51: the front process of a head, a joined node, an outbound node (each on its own
+    host: a network namespace) and a research trial's head is SIGKILLed (as the OOM killer
+    would): within seconds nothing of it is left (runtime/owner_watch.py), its admin included."""
     import json
     import os
     import signal
@@ -60,36 +60,31 @@ def test_a_sigkilled_front_process_takes_its_whole_actor_system_with_it(swarm, t
     from actorjet.models.prepare import prepare
     from swarm import REPO, wait_until
 
-    head, port, token = swarm.head(tmp_path / "run", str(trees / "trials.toml"), slots=1)   # a door, no model
-    door = head.wait_for(r"--outbound (\S+)").group(1)
-    node, node_port = swarm.join(port, token, "member", slots=1)
-    outbound = swarm.outbound(door, token, "laptop", slots=1)
-    trial_dir = tmp_path / "trial"
+    head_host, node_host, laptop = (network.host(n) for n in ("head", "node", "laptop"))
+    head, port, token = swarm.head(tmp_path / "run", str(trees / "trials.toml"), slots=1, host=head_host)
+    door = head.wait_for(r"--outbound (\S+)").group(1)                  # a door, no model
+    node, _ = swarm.join(port, token, "member", slots=1, head_host=head_host.ip, host=node_host)
+    outbound = swarm.outbound(door, token, "laptop", slots=1, host=laptop)
+    trial_dir = tmp_path / "trial"       # a trial's head on the head's host, as the controller starts it
     trial_dir.mkdir()
-    job = prepare(normalize({"train": {"steps": 10 ** 6}}, "trial"))
-    (trial_dir / "job.json").write_text(json.dumps(job))
-    trial = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(trial_dir)], cwd=REPO,
-                             env=swarm.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (trial_dir / "job.json").write_text(json.dumps(prepare(normalize({"train": {"steps": 10 ** 6}}, "trial"))))
+    trial = subprocess.Popen(head_host.prefix + [sys.executable, "-m", "actorjet.research.trial", str(trial_dir)],
+                             cwd=REPO, env=swarm.env_of(head_host), start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        info = wait_until(lambda: (trial_dir / "head.json").exists() and json.loads((trial_dir / "head.json").read_text()),
-                          120, what="the trial's head")
-        trial_port = info["port"]
-        wait_until(lambda: len(system.system_processes(trial_port)) >= 3, 60, what="the trial's actors")
-        systems = {"head": port, "node": node_port, "trial head": trial_port}
-        procs = {name: system.system_processes(p) for name, p in systems.items()}
-        assert all(len(ps) >= 2 for ps in procs.values()), procs            # an admin and its actors each
-        fronts = {"head": head.popen.pid, "node": node.popen.pid, "outbound node": outbound.popen.pid,
-                  "trial head": trial.pid}
+        wait_until(lambda: (trial_dir / "head.json").exists(), 120, what="the trial's head")
+        wait_until(lambda: len(swarm.host_processes(head_host)) >= 8, 60, what="both heads' actors")
+        hosts = {"head and trial head": head_host, "node": node_host, "outbound node": laptop}
+        before = {name: len(swarm.host_processes(h)) for name, h in hosts.items()}
+        assert before["node"] >= 3 and before["outbound node"] >= 1, before     # node: front, admin, actors
         killed = time.monotonic()
-        for pid in fronts.values():
+        for pid in (head.popen.pid, node.popen.pid, outbound.popen.pid, trial.pid):
             os.kill(pid, signal.SIGKILL)
-        left = lambda: {name: [p.pid for p in ps if system.still_running(p)] for name, ps in procs.items()}  # noqa: E731
-        wait_until(lambda: not any(left().values()), 15, interval_s=0.2, what="every actor system to end")
-        gone_s = time.monotonic() - killed
-        assert not any(system.port_in_use("127.0.0.1", p) for p in systems.values())
-        assert outbound.popen.wait(5) == -signal.SIGKILL
-        wait_until(lambda: not swarm.leftovers(), 15, interval_s=0.2, what="the watchers to exit too")
-        print(f"every actor system ended {gone_s:.1f} s after its front process was SIGKILLed")
+        left = lambda: {name: [p.pid for p in swarm.host_processes(h)] for name, h in hosts.items()}  # noqa: E731
+        wait_until(lambda: not any(left().values()), 20, interval_s=0.2, what="nothing left on any host")
+        print(f"every actor system ended {time.monotonic() - killed:.1f} s after its front process was SIGKILLed "
+              f"(processes before: {before})")
+        assert not swarm.leftovers()
     finally:
         if trial.poll() is None:
             trial.kill()

@@ -17,7 +17,7 @@ import time
 
 from actorjet.registry.behavior_store import BehaviorStore
 from actorjet.registry.counters import Counters
-from actorjet.registry.learners import LearnerDesk
+from actorjet.registry.learners import LearnerDesk, keep_latest
 from actorjet.registry.leases import LeaseDesk, Out
 from actorjet.registry.task_source import TaskSource
 from actorjet.registry.upgrades import UpgradeDesk
@@ -70,8 +70,8 @@ class EpisodeDesk:
             m.ServiceUp: self.on_ServiceUp, proto.TaskCommand: self.on_TaskCommand,
             proto.LeaseRequest: self.on_LeaseRequest, proto.GroupResult: self.on_GroupResult,
             m.RunnerDown: self.on_RunnerDown, proto.Progress: self.on_Progress,
-            proto.EngineReplicas: lambda msg, sender: self._latest(self.replicas, msg.model, msg.replicas),
-            proto.Hardware: lambda msg, sender: self._latest(self.hardware.setdefault(str(msg.model), {}),
+            proto.EngineReplicas: lambda msg, sender: keep_latest(self.replicas, msg.model, msg.replicas),
+            proto.Hardware: lambda msg, sender: keep_latest(self.hardware.setdefault(str(msg.model), {}),
                                                              msg.kind, msg.info),
             proto.DiskFull: lambda msg, sender: self.full_disks.report(str(msg.who), str(msg.cause)) or [],
             proto.Quarantined: lambda msg, sender: self.counters.quarantine(msg.cause) or [],
@@ -225,14 +225,6 @@ class EpisodeDesk:
         return self.upgrades.tick() + self.route(self.leases.tick()) + self._watch()
 
     # -- liveness (watchdog.py) --------------------------------------------------------------
-    @staticmethod
-    def _latest(table: dict, model, report) -> Out:
-        """A per-model report kept for status as it last came: a gateway's engine replicas, an
-        engine's or learner's hardware."""
-        if isinstance(report, dict):
-            table[str(model)] = dict(report)
-        return []
-
     def on_Progress(self, msg: proto.Progress, sender) -> Out:
         self.watchdog.progress(f"{msg.model}/{msg.kind}", msg.count, msg.waiting, sender, time.time())
         return []

@@ -54,8 +54,8 @@ class LearnerDesk:
         return {
             m.Metric: self.on_Metric, proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.StoreNews: self.on_StoreNews,
-            proto.StoreCounts: lambda msg, sender: _latest(self.store_counts, msg.model, msg.counts),
-            proto.Resumed: lambda msg, sender: _latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
+            proto.StoreCounts: lambda msg, sender: keep_latest(self.store_counts, msg.model, msg.counts),
+            proto.Resumed: lambda msg, sender: keep_latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
         }
 
     def learner_up(self, model: str) -> None:
@@ -148,8 +148,9 @@ class LearnerDesk:
             self.tb.close()
 
 
-def _latest(table: dict, model, report) -> Out:
-    """A per-model report kept for status as it last came."""
+def keep_latest(table: dict, model, report) -> Out:
+    """A per-model report kept for status as it last came (a learner's store counts, a
+    gateway's engine replicas, an engine's hardware)."""
     if isinstance(report, dict):
         table[str(model)] = dict(report)
     return []

@@ -14,6 +14,8 @@ from actorjet.checks import int_in, is_int
 from actorjet.rl.rewards import bad_reward
 from actorjet.serving.openai_api import ApiError
 
+MAX_TIME = 1e11        # seconds since 1970: year 5138; a leased_at past it is not a time
+
 
 def check_results(body: dict, secret: str) -> tuple[dict, list[dict]]:
     """(group, episodes) as the episode store takes them, or ApiError."""
@@ -46,8 +48,8 @@ def check_results(body: dict, secret: str) -> tuple[dict, list[dict]]:
             raise ApiError(400, f"episodes[{i}].member must be a string or an integer", "episodes")
         leased_at = e.get("leased_at")
         if leased_at is not None and (not isinstance(leased_at, (int, float)) or isinstance(leased_at, bool)
-                                      or not math.isfinite(leased_at)):
-            raise ApiError(400, f"episodes[{i}].leased_at must be a time in seconds (or absent)", "episodes")
+                                      or not math.isfinite(leased_at) or not 0 <= leased_at < MAX_TIME):
+            raise ApiError(400, f"episodes[{i}].leased_at must be a Unix time in seconds (or absent)", "episodes")
         clean.append({"episode_id": e["episode_id"], "member": e["member"], "reward": e["reward"],
                       **({"leased_at": float(leased_at)} if leased_at is not None else {})})
     group = {"group_id": group["group_id"], "size": group["size"], "task_name": group.get("task_name"),
