@@ -122,7 +122,7 @@ def start_actor_system(capabilities: dict, log_dir: Path, advertise_ip: str, tok
     except InvalidActorAddress as e:
         raise UserError(f"the actor system did not come up on {advertise_ip}:{port} within 11 s ({e}); "
                         f"is {advertise_ip} an address of this machine? see {log_dir}") from None
-    asys._actorjet_watch = owner_watch.start(port, admin_pid(port), token)   # it ends with this process
+    asys._actorjet_watch = owner_watch.start(port, admin_pid(port))   # it ends with this process
     return asys
 
 
