@@ -15,7 +15,6 @@ the store to its checkpoint and simply pulls again.  A frozen model gets no lear
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import threading
 import time
@@ -26,14 +25,15 @@ import torch
 
 from actorjet.config import engine_of
 from actorjet.serving.engine_client import replica_addresses
-from actorjet.models import checkpoint_retention, checkpoint_write, repairs, trainable
-from actorjet.models.prepare import model_config_here, preload_libraries
+from actorjet.models import repairs
 from actorjet.models.evaluations import Evaluations
 from actorjet.models.heldout import eval_spec
+from actorjet.models.trainee import Trainee
+from actorjet.models.prepare import model_config_here, preload_libraries
 from actorjet.store import episode_store
 from actorjet.store.quarantine_queue import QuarantineQueue
 from actorjet.serving import engine_wire, threads, weights
-from actorjet.rl import algorithms, critic, lora, ranks
+from actorjet.rl import algorithms, ranks
 from actorjet.rl.batching import batch_config, next_batch
 from actorjet.rl.grpo import BadBatch, grpo_step
 from actorjet.rl.step import StepTimes, keep_fresh, step_record, timeline_record
@@ -62,45 +62,41 @@ class Learner(ManagedActor):
         self.run_dir = endpoints.local_run_dir(self.context)      # this node's: weights, checkpoints
         torch.manual_seed(self.train_cfg["seed"])
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg["path"])
-        # with LoRA, self.peft is the peft wrapper (saving, merging) and self.model its base
-        self.gpu_share = gpu_memory.limit_learner(self.cfg, self.cfg["device"], gpus.gpu_count())
-        self.model, self.peft = trainable.build(self.cfg)
-        gpu_memory.check_learner_fits(self.cfg, self.cfg["device"], self.model, self.gpu_share)
-        threads.configure(self.cfg["threads"], self.cfg["device"], self.model.num_parameters())
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.optimizer = trainable.optimizer(self.model, self.cfg)
+        self.gpu_share = gpu_memory.limit_learner(self.cfg, self.cfg["device"], gpus.gpu_count())
         self.algo = algorithms.from_config(self.cfg)      # GRPO, PPO, …, and its knobs (rl/algorithms.py)
-        self.critic = critic.build(self.model, self.cfg, self.algo)     # PPO's value function, else None
-        self.ref_model = trainable.base(self.cfg).to(self.cfg["device"]).eval() if self.cfg["kl"] > 0 else None
+        # the model, its optimizer and critic: from the newest checkpoint, if there is one
+        self.trainee = Trainee(self.cfg, self.algo, self.run_dir / "checkpoints" / self.model_name)
+        model = self.trainee.model
+        gpu_memory.check_learner_fits(self.cfg, self.cfg["device"], model, self.gpu_share)
+        threads.configure(self.cfg["threads"], self.cfg["device"], model.num_parameters())
         self.step = self.version = self.published_bytes = 0
         self.weights_dir = self.run_dir / "weights" / self.model_name
         self.weights_dir.mkdir(parents=True, exist_ok=True)
         self.engines: dict[str, tuple] = {}      # replica → (engine address, weights receiver URL or None)
-        self.engine_of = engine_of(job, self.model_name)           # its own, or its base's (base = ...)
+        self.engine_of = engine_of(job, self.model_name)      # its own, or its base's (base = ...)
         self.adapter = self.model_name if self.cfg.get("base") else ""
         self.finishing: dict | None = None     # a step (or a resumed version) whose writes wait for space
-        self.disk_causes = {"step": "", "prefetch": "", "rewind": "", "quarantine": ""}   # why it cannot write (actorjet/disk.py)
+        # why it cannot write, by what waits (actorjet/disk.py)
+        self.disk_causes = {"step": "", "prefetch": "", "rewind": "", "quarantine": ""}
         self.disk_reported = ""
-        # ``full_*``: the whole model, which evaluations and checkpoints read.  With one rank it
-        # is the model trained; with ranks (``learner = { ranks = N }``) the trained one is
-        # FSDP2-sharded once the group forms, and this copy is refreshed at every publish.
-        self.full_model, self.full_peft = self.model, self.peft
-        self.group = self.commands = None
         self._resume()
         world = int(self.args.get("world", 1))
-        self.leader = ranks.Leader(world, endpoints.advertise_host(), timeout_s=120.0) if world > 1 else None
+        self.leader = None
+        if world > 1:
+            self.leader = ranks.Leader(world, endpoints.advertise_host(), timeout_s=120.0)
         self.store = None        # opened (a write: its schema, its journal) and rewound by _rewind
-        self.batching = batch_config(self.model_name, self.cfg, self.train_cfg, repairs.for_model(self.tokenizer, self.cfg))
+        repair = repairs.for_model(self.tokenizer, self.cfg)
+        self.batching = batch_config(self.model_name, self.cfg, self.train_cfg, repair)
         split = self.cfg["eval_split"]
-        self.evals = Evaluations(self.model_name, [(t["name"], spec) for t in job["tasks"]
-                                                   if (spec := eval_spec(t["source"], self.model_name, split))],
-                                 self.tokenizer, self.cfg)
+        specs = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name, split))]
+        self.evals = Evaluations(self.model_name, specs, self.tokenizer, self.cfg)
         self._evaluate()      # step 0: the starting checkpoint's score
-        self.announce(self.model_name, {"learner": None, **({"ranks": self.leader.url} if self.leader else {})},
-                      subscribe=True)
+        services = {"learner": None, **({"ranks": self.leader.url} if self.leader else {})}
+        self.announce(self.model_name, services, subscribe=True)
         if self.registry is not None:
-            self.send(self.registry, proto.Hardware(self.model_name, "learner",
-                                                    {"device": self.cfg["device"], "gpu_share": self.gpu_share}))
+            hardware = {"device": self.cfg["device"], "gpu_share": self.gpu_share}
+            self.send(self.registry, proto.Hardware(self.model_name, "learner", hardware))
         self.rewound = threading.Event()       # the store rewound to this step: only then are batches pulled
         self._rewind()
         self._send_counts()
@@ -126,7 +122,8 @@ class Learner(ManagedActor):
         except Exception as e:
             if not disk.is_full(e):
                 raise
-            self.disk_causes["rewind"] = f"cannot open and rewind the store at step {self.step}: {disk.describe(e, path)}"
+            cause = disk.describe(e, path)
+            self.disk_causes["rewind"] = f"cannot open and rewind the store at step {self.step}: {cause}"
             return False
         self.disk_causes["rewind"] = ""
         if pending:
@@ -139,10 +136,7 @@ class Learner(ManagedActor):
 
     def _publish(self) -> Path:
         """Weight version ``self.version``, whole or not at all (serving/weights.py)."""
-        if self.group is not None:       # the ranks gather the new weights into rank 0's whole copy
-            self.commands.post("weights")
-            ranks.gather_into(self.model, self.full_model, trainable_only=True)
-        tensors = lora.adapter_tensors(self.full_model) if self.peft is not None else self.full_model.state_dict()
+        tensors = self.trainee.version_tensors()
         path, self.published_bytes = weights.publish_version(self.weights_dir, self.version, tensors)
         return path
 
@@ -150,36 +144,33 @@ class Learner(ManagedActor):
         """Tell every engine replica (or those named) about version ``self.version``, pushing
         the file first to one on another node (serving/engine_wire.py ``deliver``); returns the
         seconds the pushes took (None: nothing pushed)."""
-        engines = {n: self.engines[n] for n in (self.engines if replicas is None else replicas) if n in self.engines}
+        names = self.engines if replicas is None else replicas
+        engines = {n: self.engines[n] for n in names if n in self.engines}
         targets, pushed_s = engine_wire.deliver(engines, path, self.version, self.context["token"],
-                                            self.adapter or self.model_name, self.model_name)
+                                                self.adapter or self.model_name, self.model_name)
         for address, target in targets:
             self.send(address, proto.LoadWeights(self.version, target, self.adapter))
         return pushed_s
 
     def _resume(self) -> None:
-        """After a crash (learner or head): continue from the last checkpoint.  Groups trained
-        after it were lost with the weights that saw them, so the episode store makes them pending
-        again; the resumed weights are published under a new version, newer than anything
-        the engine may still serve."""
-        checkpoints = sorted((self.run_dir / "checkpoints" / self.model_name).glob("step_*/state.json"))
+        """After a crash (learner or head): continue from the last checkpoint (the model was
+        built from it: models/trainee.py).  Groups trained after it were lost with the
+        weights that saw them, so the episode store makes them pending again; the resumed
+        weights are published under a new version, newer than anything the engine may still
+        serve."""
         published = weights.published_versions(self.weights_dir)
-        self.resumed = bool(checkpoints or published)
-        if checkpoints:
-            folder = checkpoints[-1].parent
-            self.model, self.peft = trainable.build(self.cfg, folder)
-            self.optimizer = trainable.optimizer(self.model, self.cfg, folder)
-            self.critic = critic.build(self.model, self.cfg, self.algo, folder)
-            self.full_model, self.full_peft = self.model, self.peft
-            self.step = json.loads(checkpoints[-1].read_text())["step"]
-        if checkpoints or published:
+        self.resumed = self.trainee.resumed_step is not None or bool(published)
+        if self.trainee.resumed_step is not None:
+            self.step = self.trainee.resumed_step
+        if self.resumed:
             self.version = max([self.version] + published) + 1
             self.finishing = {"stage": "publish"}        # no batch: only the version to publish
             self._finish_step()
             log.info("%s resumed at step %d as weight version %d", self.model_name, self.step, self.version)
 
     def receiveMsg_Directory(self, msg: m.Directory, sender):
-        self.batching.weights = {t: v["weight"] for t, v in msg.tasks.items() if v.get("state") == "active"}
+        active = {t: v for t, v in msg.tasks.items() if v.get("state") == "active"}
+        self.batching.weights = {t: v["weight"] for t, v in active.items()}
         self.directory.set()
         before, self.engines = self.engines, replica_addresses(msg.services.get(self.engine_of, {}))
         new = [name for name, (address, _) in self.engines.items() if before.get(name, (None,))[0] != address]
@@ -229,8 +220,7 @@ class Learner(ManagedActor):
         """With ranks: form the group once every rank has arrived (actors/learner_rank.py)."""
         if self.leader.missing():
             return False
-        restored = trainable.optimizer_state(self.model, self.optimizer) if self.resumed else None
-        self.group, self.commands, self.model, self.optimizer = lead(self.leader, self.full_model, self.cfg, restored)
+        self.trainee.shard(lambda full_model, restored: lead(self.leader, full_model, self.cfg, restored))
         return True
 
     def receiveMsg_WakeupMessage(self, msg, sender):
@@ -239,15 +229,17 @@ class Learner(ManagedActor):
             self._report_disk()
             self.wakeupAfter(timedelta(seconds=disk.RETRY_S))
             return
-        if self.leader is not None and self.group is None and not self._join_ranks():
+        if self.leader is not None and self.trainee.group is None and not self._join_ranks():
             self.wakeupAfter(timedelta(seconds=POLL_S))
             return
-        if self.finishing is not None or self.to_quarantine.waiting:   # paused on a full disk: try again, pull nothing
+        if self.finishing is not None or self.to_quarantine.waiting:
+            # paused on a full disk: try the writes again, pull nothing
             self._quarantine_waiting()
             if self.finishing is not None:
                 self._finish_step()
             self._report_disk()
-            self.wakeupAfter(timedelta(seconds=disk.RETRY_S if self.finishing or self.to_quarantine.waiting else POLL_S))
+            still_full = self.finishing or self.to_quarantine.waiting
+            self.wakeupAfter(timedelta(seconds=disk.RETRY_S if still_full else POLL_S))
             return
         self._report_disk()
         try:
@@ -292,10 +284,15 @@ class Learner(ManagedActor):
         group_ids = batch["group_ids"]
         fresh = keep_fresh(batch["samples"], self.version, self.train_cfg["max_staleness"])
         times.trained = time.perf_counter()
+        t = self.trainee
         try:
-            samples = self.commands.post("step", fresh.samples) if self.group and fresh.samples else fresh.samples
-            info = grpo_step(self.model, self.optimizer, samples, self.algo, self.pad_id, self.ref_model,
-                             ranks=self.group, critic=self.critic) if samples else {"tokens": 0, "sequences": 0, "skipped": True}
+            samples = fresh.samples
+            if t.group and samples:       # the other ranks get the batch first, then all step
+                samples = t.commands.post("step", samples)
+            info = {"tokens": 0, "sequences": 0, "skipped": True}
+            if samples:
+                info = grpo_step(t.model, t.optimizer, samples, self.algo, self.pad_id, t.ref_model,
+                                 ranks=t.group, critic=t.critic)
         except (BadBatch, ValueError, IndexError, TypeError) as e:   # the data's fault, not the learner's
             self._untrainable(group_ids, f"learner: {type(e).__name__}: {e}")
             return
@@ -328,22 +325,29 @@ class Learner(ManagedActor):
         except Exception as e:
             if not disk.is_full(e):
                 raise
-            self.disk_causes["step"] = f"step {self.step} waits to {f['stage']}: {disk.describe(e)}" \
-                if "batch" in f else f"the resumed weights v{self.version} wait to be published: {disk.describe(e)}"
+            if "batch" in f:
+                self.disk_causes["step"] = f"step {self.step} waits to {f['stage']}: {disk.describe(e)}"
+            else:
+                self.disk_causes["step"] = (f"the resumed weights v{self.version} wait to be published: "
+                                            f"{disk.describe(e)}")
             return
         self.finishing, self.disk_causes["step"] = None, ""
 
     def _report_step(self, f: dict, done: bool) -> None:
         batch = f["batch"]
         tasks = {t: v["groups"] for t, v in batch["stats"].get("by_task", {}).items()}
+        commands = self.trainee.commands
+        rank_times = commands.step_times(self.trainee.group.world) if commands else None
         record = step_record(self.model_name, self.step, self.version, batch, f["fresh"], f["info"], f["times"],
-                             self.published_bytes, f["pushed_s"], self.commands and self.commands.step_times(self.group.world))
+                             self.published_bytes, f["pushed_s"], rank_times)
         self._metric(record)          # before Trained: whoever sees the step in status finds its line
         self._metric(timeline_record(self.model_name, self.step, self.version, batch, f["times"]))
         if self.step % self.cfg["eval_every"] == 0 or done:
             self._evaluate(last=done)
-        self.send(self.registry, proto.Trained(self.model_name, self.step, self.version, len(batch["group_ids"]),
-                                               done, tasks, evaluating=done and bool(self.evals.running)))
+        evaluating = done and bool(self.evals.running)
+        trained = proto.Trained(self.model_name, self.step, self.version, len(batch["group_ids"]), done, tasks,
+                                evaluating=evaluating)
+        self.send(self.registry, trained)
         self._send_counts()
 
     def _report_disk(self) -> None:
@@ -357,7 +361,7 @@ class Learner(ManagedActor):
         """Held-out accuracy of the weights as they are now (models/evaluations.py: in a thread,
         reported by a later wakeup; ``last`` is never skipped)."""
         self._report_evals()
-        if not self.evals.start(self.full_model, self.step, self.version, last) and self.evals.specs:
+        if not self.evals.start(self.trainee.full_model, self.step, self.version, last) and self.evals.specs:
             log.info("%s step %d: held-out evaluation skipped, two are still running", self.model_name, self.step)
 
     def _report_evals(self) -> None:
@@ -365,8 +369,7 @@ class Learner(ManagedActor):
         for records in self.evals.finished():
             for record in records:
                 self._metric(record)
-                checkpoint_retention.record_score(self.run_dir / "checkpoints" / self.model_name, record["step"],
-                                                  record["accuracy"])
+                self.trainee.record_score(record["step"], record["accuracy"])
                 log.info("%s step %d: held-out accuracy on %s %.3f", self.model_name, record["step"],
                          record["task"], record["accuracy"])
             self.send(self.registry, proto.Evaluated(self.model_name, records[0]["step"]))
@@ -377,25 +380,20 @@ class Learner(ManagedActor):
 
     def _checkpoint(self) -> None:
         t0 = time.perf_counter()
-        folder = self.run_dir / "checkpoints" / self.model_name
-        if self.group is not None:        # the ranks gather the optimizer state on rank 0
-            self.commands.post("optimizer")
-        checkpoint_write.write(folder, self.step, self.version, self.full_peft or self.full_model, self.tokenizer,
-                               trainable.optimizer_state(self.model, self.optimizer),   # LoRA: the adapter
-                               critic.checkpoint_files(self.critic))
-        checkpoint_retention.prune(folder, self.cfg["checkpoint_keep_last"], self.cfg["checkpoint_keep_best"])
+        self.trainee.checkpoint(self.step, self.version, self.tokenizer)
         # Retention: a restarted learner rewinds to this checkpoint, so what it trained up to
         # here is never needed again (exported first with [train] keep_trajectories).
-        archive = self.run_dir / "trajectories" / f"{self.model_name}.jsonl" \
-            if self.train_cfg.get("keep_trajectories") else None
+        archive = None
+        if self.train_cfg.get("keep_trajectories"):
+            archive = self.run_dir / "trajectories" / f"{self.model_name}.jsonl"
         self.store.retain(self.step, archive=archive, keep_closed_s=2 * self.train_cfg["episode_max_s"])
         self._metric({"kind": "checkpoint", "model": self.model_name, "step": self.step,
                       "checkpoint_s": round(time.perf_counter() - t0, 4)})
 
     def on_stop(self) -> None:
-        if getattr(self, "commands", None) is not None:
+        if getattr(self, "trainee", None) is not None:
             with contextlib.suppress(Exception):      # (the other ranks may be gone already)
-                self.commands.post("stop")
+                self.trainee.stop_ranks()
         if getattr(self, "evals", None) is not None:
             self.evals.shutdown()
         if getattr(self, "stopping", None) is not None:
