@@ -111,6 +111,9 @@ def normalize(data: dict, where: str = "job") -> dict:
                     "default_max_tokens"):
             if not m[key] > 0:
                 raise UserError(f"{where}: model {m['name']!r}: {key} must be > 0, got {m[key]!r}")
+        if m["eval_limit"] < 0:          # (its type is checked with the job's schema)
+            raise UserError(f"{where}: model {m['name']!r}: eval_limit must be >= 0 (0: every held-out task), "
+                            f"got {m['eval_limit']!r}")
         if m["threads"] < 0 or m["groups_per_step"] < 0:
             raise UserError(f"{where}: model {m['name']!r}: threads and groups_per_step must be >= 0 (0: automatic)")
         m["learner"] = _learner(m["learner"], f"{where}: model {m['name']!r}: learner")

@@ -45,6 +45,7 @@ MODEL = {
     "checkpoint_keep_best": Field(1, "... and the N best by held-out accuracy"),
     "eval_max_tokens": Field(8, "tokens an evaluation answer may take"),
     "default_max_tokens": Field(256, "max_tokens of a call that does not say"),
+    "eval_limit": Field(0, "held-out tasks an evaluation scores: the first N of the split (0: all of them)"),
     "eval_split": Field("validation", "the held-out split the learner reports (task sources' eval_tasks(split))"),
     "merge": Field("auto", "context tracker: none | prefix | tree | auto (the best the model supports)",
                    {"choice": ["none", "prefix", "tree"]}),

@@ -28,7 +28,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import interval, table, write  # noqa: E402
+from common import interval, parse, table, write  # noqa: E402
 
 from actorjet.rl.algorithms import ALGORITHMS  # noqa: E402
 
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--name", default="algorithms")
     ap.add_argument("--fixed-start", action="store_true", help="every run from the shipped checkpoint")
-    args = ap.parse_args()
+    args = parse(ap, {"algorithms": "grpo,ppo", "seeds": 1, "steps": 3})
     names = args.algorithms.split(",")
     runs = []
     with tempfile.TemporaryDirectory(prefix="aj-algorithms-") as work:

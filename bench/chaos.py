@@ -31,7 +31,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import actorjet  # noqa: E402,F401
 import hosts  # noqa: E402
 import jobs  # noqa: E402
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
 def job(steps: int) -> str:
@@ -77,7 +77,8 @@ class Chaos:
     # -- faults ---------------------------------------------------------------------------
     def kill_runner(self, runner_id: str) -> float:
         """SIGKILL a runner; seconds until its replacement answers."""
-        pid = self.pid_of(f"runners/{runner_id}")
+        # (a runner of a node that just joined may not be up yet: the kill waits for it)
+        pid = wait_until(lambda: self.pid_of(f"runners/{runner_id}"), 60, interval_s=0.2, what=f"{runner_id} up")
         os.kill(pid, signal.SIGKILL)
         t0 = time.perf_counter()
         wait_until(lambda: (self.pid_of(f"runners/{runner_id}") or pid) != pid, 60, interval_s=0.02)
@@ -119,7 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = parse(ap, {"steps": 20})
     rng = random.Random(args.seed)
     os.environ.update(AJ_FLAKY_RAISE="0.05", AJ_FLAKY_HANG="0.01", AJ_FLAKY_HANG_S="20")
     t_start = time.time()

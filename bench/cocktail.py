@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import actorjet  # noqa: E402,F401
 from actorjet.runtime.head import attach_root, status  # noqa: E402
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
 TASK = """
@@ -85,7 +85,7 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--window", type=float, default=40.0)
-    args = ap.parse_args()
+    args = parse(ap, {"window": 4.0})
     os.environ.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.1")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -1,6 +1,7 @@
 """Shared by the benchmarks: an embedded head with real actors, and result tables."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -15,6 +16,31 @@ from actorjet.runtime.system import free_port
 
 # the suite's smoke runs write elsewhere (tests/test_benches.py): the committed results stay
 RESULTS = Path(os.environ.get("ACTORJET_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+SMOKE = False        # set by parse(): a smoke run's results file is named NAME-smoke
+
+
+def parse(ap: argparse.ArgumentParser, smoke: dict) -> argparse.Namespace:
+    """Every bench's ``--smoke``: the same code at sizes that run in seconds, so a bench that
+    breaks fails the suite (tests/test_benches.py runs them all, slow tier) instead of rotting
+    until someone needs its figure.  ``smoke`` maps option names (as argparse stores them) to
+    the sizes it runs at; its results go to NAME-smoke.json, never over a measured file (an
+    explicit ``--label`` names the file as given: bench/gpu_check.sh --dry-run)."""
+    global SMOKE
+    sizes = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in smoke.items())
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"run in seconds ({sizes}): the suite's check that this bench still works")
+    args = ap.parse_args()
+    if args.smoke:
+        labelled = getattr(args, "label", None) not in (None, ap.get_default("label"))
+        for name, value in smoke.items():
+            setattr(args, name, value)
+        SMOKE = not labelled
+    return args
+
+
+def result_name(name: str) -> str:
+    """The name a results file (or plot) of this run gets: NAME-smoke for a smoke run."""
+    return f"{name}-smoke" if SMOKE else name
 
 
 def start_head(run_dir: Path, job_spec: dict, slots: int = 0, tree: str = "default.toml") -> Head:
@@ -68,7 +94,8 @@ def half_width(values: list[float]) -> tuple[float, float]:
 
 
 def write(name: str, data: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
+    name = result_name(name)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     print(f"wrote {path}")

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from actorjet.rl.drift import repair_drift  # noqa: E402
 from actorjet.rl.pack import lower_bound, pack  # noqa: E402
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 SCALE = {"tiny-arith": 1, "smollm2-135m": 4}          # token sizes × this (tiny: 256 positions)
 EPISODES = {"tiny-arith": 16, "smollm2-135m": 1}      # episodes per learner step
@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--out", default="context", help="results file name under bench/results/")
     ap.add_argument("--attention", default="model", choices=("model", "exact"),
                     help="the model's own attention kernel, or the learner's exact one (attention = \"exact\")")
-    args = ap.parse_args()
+    args = parse(ap, {"models": "tiny-arith", "repeats": 1})
     load = {}
     if args.attention == "exact":
         from actorjet.rl import exact_attention

@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import sim_runner  # noqa: E402  - the simulated outbound runner the tests use too
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 GROUP_SIZE = 8
 JOB = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 10 ** 6, "checkpoint_every": 10 ** 6}],
@@ -156,7 +156,7 @@ def main() -> int:
     ap.add_argument("--processes", type=int, default=2, help="client processes the runners share (default %(default)s)")
     ap.add_argument("--kind", choices=("outbound", "thespian", "both"), default="outbound",
                     help="simulated outbound runners, real thespian runner actors, or both (default %(default)s)")
-    args = ap.parse_args()
+    args = parse(ap, {"runners": "4", "seconds": 2.0, "processes": 1, "kind": "both"})
     try:
         counts = [int(x) for x in args.runners.split(",")]
     except ValueError:

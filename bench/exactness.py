@@ -26,7 +26,7 @@ import test_context as T  # noqa: E402
 from actorjet.rl import exact_attention  # noqa: E402
 from actorjet.models import zoo  # noqa: E402
 from actorjet.rl.grpo import collate, term_logprobs  # noqa: E402
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 MODES = ("prefix", "tree", "tree-split")
 
@@ -54,7 +54,7 @@ def worst_differences(attention: str, episodes: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=1000)
-    args = ap.parse_args()
+    args = parse(ap, {"episodes": 20})
     if args.episodes < 1:
         ap.error("--episodes must be >= 1")
     torch.set_num_threads(1)         # as the learner runs a small model

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from actorjet import signing  # noqa: E402
 from actorjet.runner.llm import LLM  # noqa: E402
-from common import start_head, table, wait_for_service, write  # noqa: E402
+from common import parse, start_head, table, wait_for_service, write  # noqa: E402
 
 
 def drive(url: str, token: str, concurrency: int, requests: int, max_tokens: int, tag: str) -> float:
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--model", default="tiny-arith")
     ap.add_argument("--max-tokens", type=int, default=8)
-    args = ap.parse_args()
+    args = parse(ap, {"requests": 32, "max_tokens": 4})
     job = {"models": [{"name": "policy", "source": args.model}], "train": {"steps": 1}}
     with tempfile.TemporaryDirectory() as tmp:
         head = start_head(Path(tmp), job)

@@ -61,7 +61,7 @@ if [ $dry = 1 ]; then
   step long-sample 60 python3 bench/long_sample.py --smoke --lora --label gpu-long-sample-lora
   step long-sample-full 60 python3 bench/long_sample.py --smoke --label gpu-long-sample-full
   step vs-trl 240 python3 bench/vs_trl.py --smoke --label gpu-vs-trl
-  step rl-throughput 240 python3 bench/rl_throughput.py --dry-run --label gpu-rl-throughput
+  step rl-throughput 240 python3 bench/rl_throughput.py --smoke --label gpu-rl-throughput
 else
   step long-sample 60 python3 bench/long_sample.py --model "$big" --lora --device cuda --tokens 32768 --repeats 2 \
     --label gpu-long-sample-8b-lora

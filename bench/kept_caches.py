@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 from actorjet.models import shapes, zoo  # noqa: E402
 from actorjet.serving.transformers_engine import GenRequest, TransformersEngine  # noqa: E402
@@ -120,10 +120,7 @@ def main() -> int:
                     "from the device)")
     ap.add_argument("--modes", default="keys,none", help="keys (kept caches), none (no cache keys), or both")
     ap.add_argument("--label", default="", help="the result file's name (default: kept_caches-…)")
-    ap.add_argument("--smoke", action="store_true", help="a few seconds: 8 conversations, 2 turns")
-    args = ap.parse_args()
-    if args.smoke:
-        args.conversations, args.turns, args.context, args.answer, args.steps = 8, 2, 80, 4, 2
+    args = parse(ap, {"conversations": 8, "turns": 2, "context": 80, "answer": 4, "steps": 2})
 
     results = {}
     modes = [m.strip() for m in args.modes.split(",")]
@@ -148,7 +145,7 @@ def main() -> int:
             f"{results['ms_per_step'][n]:.1f}" if keys else "-", f"{growth:.2f}" if growth else "-")],
           ("model", "device", "conversations", "tok/s keys", "tok/s none", "keys / none",
            "forwards per turn keys / none", "ms/step batch 1", f"ms/step batch {n}", "last / first turn"))
-    label = "smoke" if args.smoke else args.model.replace("shape:", "") + "-" + args.device
+    label = args.model.replace("shape:", "") + "-" + args.device
     write(args.label or f"kept_caches-{label}",
           {"args": vars(args), "keys_over_none": ratio, "last_over_first_turn": growth, **results})
     return 0

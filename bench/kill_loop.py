@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 from killloop import TARGETS, kill_run  # noqa: E402
 from swarm import Swarm  # noqa: E402
 
@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per target (default 20)")
     parser.add_argument("--steps", type=int, default=24, help="learner steps per run (default 24)")
     parser.add_argument("--seed", type=int, default=0, help="draws the kill moments")
-    args = parser.parse_args()
+    args = parse(parser, {"runs": 1, "steps": 6})
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so the swarm below is cleaned up
     rng = random.Random(args.seed)
     runs = []

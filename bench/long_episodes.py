@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 from actorjet import signing  # noqa: E402
 from actorjet.rl import drift, pack  # noqa: E402
@@ -283,7 +283,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="5x4096,20x16384,50x32768", help="TURNSxCONTEXT, comma-separated")
     ap.add_argument("--episodes", type=int, default=2, help="episodes per size (one GRPO group)")
     ap.add_argument("--model", default="tiny-long", help="a zoo model: tiny-long (32k positions) or smollm2-135m (8k)")
-    args = ap.parse_args()
+    args = parse(ap, {"sizes": "2x512", "label": "smoke"})
     global MODEL
     MODEL = args.model
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -80,10 +80,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--label", default="", help="the result file's name (default: long_sample-…)")
-    ap.add_argument("--smoke", action="store_true", help="tiny-long, 2048 tokens, 2 steps")
-    args = ap.parse_args()
-    if args.smoke:
-        args.model, args.tokens, args.repeats = "tiny-long", 2048, 2
+    args = parse(ap, {"model": "tiny-long", "tokens": 2048, "repeats": 2})
     model, cfg = build(args)
     algo = from_config(cfg)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
@@ -103,8 +100,7 @@ def main() -> int:
     table([(args.model + (" + LoRA" if args.lora else ""), args.device, args.tokens, f"{step_s:.2f}",
             f"{out['tokens_per_s']:.0f}", f"{out['peak_gib']:.1f}")],
           ("model", "device", "tokens", "step s", "tokens/s", "peak GiB"))
-    label = ("smoke" if args.smoke else
-                           args.model.replace("shape:", "") + ("-lora" if args.lora else "") + "-" + args.device)
+    label = args.model.replace("shape:", "") + ("-lora" if args.lora else "") + "-" + args.device
     write(args.label or f"long_sample-{label}", out)
     return 0
 

@@ -36,7 +36,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from common import start_head, table, write  # noqa: E402
+from common import parse, start_head, table, write  # noqa: E402
 
 from actorjet.runtime import system  # noqa: E402
 
@@ -240,7 +240,7 @@ def main() -> None:
                     "host: a network namespace, needs root)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="rounds of (baseline, each swarm), interleaved; medians are reported (default 3)")
-    args = ap.parse_args()
+    args = parse(ap, {"steps": 3, "warmup": 1, "groups": 2, "repeats": 1})
     agents = [a for a in args.agents.split(",") if a]
     if not agents or set(agents) - {"plain", "openai", "hosts"}:
         ap.error("--agents takes plain, openai and/or hosts")

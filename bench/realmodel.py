@@ -34,7 +34,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import RESULTS, start_head, table, write  # noqa: E402
+from common import parse, start_head, table, write  # noqa: E402
 
 
 def evaluated(run_dir: Path, step: int) -> bool:
@@ -43,11 +43,14 @@ def evaluated(run_dir: Path, step: int) -> bool:
                                  for r in map(json.loads, filter(str.strip, path.read_text().splitlines())))
 
 
-def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorithm: str = "grpo") -> dict:
+def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorithm: str = "grpo",
+        eval_limit: int = 0, groups: int = 0) -> dict:
     spec = tomllib.loads((REPO / "agents" / "calculator.toml").read_text())
     spec["train"].update(seed=seed, steps=steps)
+    if groups:
+        spec["train"]["groups_per_step"] = groups
     for model in spec["models"]:
-        model.update(device=device, algorithm=algorithm)
+        model.update(device=device, algorithm=algorithm, eval_limit=eval_limit)
     with tempfile.TemporaryDirectory(prefix="realmodel-") as tmp:
         run_dir = Path(tmp) / "run"
         t0 = time.time()
@@ -124,7 +127,9 @@ def main() -> None:
     p.add_argument("--algorithms", default="grpo", help="comma-separated (docs/algorithms.md), e.g. grpo,ppo,rloo")
     p.add_argument("--table-from", default=None, metavar="JSON",
                    help="print the table and redraw the plot of a results file; runs nothing")
-    a = p.parse_args()
+    p.add_argument("--eval-limit", type=int, default=0, help="held-out tasks per evaluation (0: all 128)")
+    p.add_argument("--groups", type=int, default=0, help="groups of 8 per step (0: the job's 8)")
+    a = parse(p, {"seeds": [0], "steps": 2, "minutes": 6.0, "eval_limit": 8, "groups": 1})
     if a.table_from:
         runs = json.loads(Path(a.table_from).read_text())["runs"]
         show(runs)
@@ -132,12 +137,14 @@ def main() -> None:
         return
     algorithms = [x.strip() for x in a.algorithms.split(",") if x.strip()]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # stop the head on the way out
-    runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo) for s in a.seeds for algo in algorithms]
+    runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo, a.eval_limit, a.groups)
+            for s in a.seeds for algo in algorithms]
     show(runs)
     name = "realmodel" if algorithms == ["grpo"] else "realmodel-algorithms"
     name = name if a.device == "cpu" else f"{name}-{a.device}"
-    write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "algorithms": algorithms, "runs": runs})
-    plot(runs, RESULTS / f"{name}.png")
+    path = write(name, {"minutes": a.minutes, "steps": a.steps, "device": a.device, "algorithms": algorithms,
+                        "runs": runs})
+    plot(runs, path.with_suffix(".png"))
 
 
 def show(runs: list[dict]) -> None:

@@ -36,20 +36,24 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 from actorjet.research.controller import score  # noqa: E402
 from actorjet.research.plan import SEED_BASE  # noqa: E402
 from actorjet.research.study_spec import apply, load_study  # noqa: E402
 
 STUDY = REPO / "agents" / "studies" / "lr.toml"
+# --smoke: the same study shrunk to seconds a trial (one seed a stage, 2 explore arms, 4 steps)
+SMOKE_STUDY = [("steps = 60", "steps = 4"), ("eval_every = 20", "eval_every = 2"), ("groups_per_step = 32",
+               "groups_per_step = 4"), ("trials = 8", "trials = 2"), ("baseline = 3", "baseline = 1"),
+               ("confirm = 3", "confirm = 1"), ("ablate = 3", "ablate = 1")]
 
 
-def run_study(out: Path, kills: int, rng: random.Random, expected_s: float) -> dict:
+def run_study(out: Path, study: Path, kills: int, rng: random.Random, expected_s: float) -> dict:
     moments = sorted(rng.uniform(0.1, 0.8) * expected_s for _ in range(kills))
     t0, killed = time.time(), []
     for at in moments + [None]:
-        proc = subprocess.Popen([sys.executable, "-m", "actorjet.cli.main", "research", "run", str(STUDY),
+        proc = subprocess.Popen([sys.executable, "-m", "actorjet.cli.main", "research", "run", str(study),
                                  "--dir", str(out)], cwd=REPO, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         if at is None:
@@ -80,13 +84,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    study = load_study(STUDY)
+    args = parse(ap, {"kills": 1})
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        study_file = STUDY
+        if args.smoke:
+            text = STUDY.read_text()
+            for old, new in SMOKE_STUDY:
+                assert old in text, f"{STUDY} changed: update SMOKE_STUDY ({old!r})"
+                text = text.replace(old, new)
+            study_file = tmp / "lr-smoke.toml"
+            study_file.write_text(text)
+        study = load_study(study_file)
         out = tmp / "study"
-        ran = run_study(out, args.kills, random.Random(args.seed), expected_s=15 * 60)
+        ran = run_study(out, study_file, args.kills, random.Random(args.seed),
+                        expected_s=60 if args.smoke else 15 * 60)
         db = sqlite3.connect(out / "study.sqlite")
         rows = db.execute("SELECT stage, arm, seed, state, params, evals, metric, job FROM trials").fetchall()
         keys = [(a, b, c) for a, b, c, *_ in rows]

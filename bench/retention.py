@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import RESULTS, start_head, table, write  # noqa: E402
+from common import RESULTS, parse, result_name, start_head, table, write  # noqa: E402
 
 from actorjet.cli.train_cmds import QUICKSTART_JOB  # noqa: E402
 
@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000, help="learner steps (default %(default)s)")
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default %(default)s)")
     ap.add_argument("--early", type=int, default=200, help="the step compared with the last (default %(default)s)")
-    args = ap.parse_args()
+    args = parse(ap, {"steps": 16, "checkpoint_every": 4, "early": 8})
     if args.steps < 2 or not 1 <= args.checkpoint_every <= args.steps or not 1 <= args.early < args.steps:
         ap.error("need --steps >= 2, 1 <= --checkpoint-every <= --steps and 1 <= --early < --steps")
     job = {**QUICKSTART_JOB, "models": [dict(QUICKSTART_JOB["models"][0], checkpoint_every=args.checkpoint_every,
@@ -43,11 +43,12 @@ def main() -> int:
     run = Path(tempfile.mkdtemp(prefix="retention-")) / "run"
     head = start_head(run, job, slots=2)
     series, t0, last = [], time.time(), -1
+    every = max(1, min(10, args.steps // 10))          # store samples: every 10 steps of a long run
     try:
         while True:
             status = head.status()
             step = max((m.get("learner_step") or 0 for m in status.get("models", [])), default=0)
-            if step != last and (step % 10 == 0 or step >= args.steps):
+            if step != last and (step % every == 0 or step >= args.steps):
                 series.append({"step": step, "bytes": store_bytes(run), "seconds": round(time.time() - t0, 1)})
                 last = step
                 print(f"step {step}: store {series[-1]['bytes'] / 1e6:.2f} MB", flush=True)
@@ -87,7 +88,7 @@ def main() -> int:
         ax.set_title(f"quickstart job, retention every {args.checkpoint_every} steps")
         fig.tight_layout()
         (RESULTS / "plots").mkdir(parents=True, exist_ok=True)
-        fig.savefig(RESULTS / "plots" / "retention.png", dpi=100)
+        fig.savefig(RESULTS / "plots" / f"{result_name('retention')}.png", dpi=100)
     except ImportError:
         pass
     write("retention", {"steps": args.steps, "checkpoint_every": args.checkpoint_every, "series": series,

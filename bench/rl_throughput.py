@@ -2,7 +2,7 @@
 (synchronous), both generating with transformers and training in float32.
 
     python bench/rl_throughput.py --device cuda                 # Qwen2.5-0.5B shape, 32 groups x 8, 256-token answers
-    python bench/rl_throughput.py --dry-run                     # the same paths on a CPU in a minute or two
+    python bench/rl_throughput.py --smoke                       # the same paths on a CPU in a minute or two
 
 The model is random-init (models/shapes.py: no weights travel to a lent GPU machine), written
 once as a model directory with a tokenizer of its full vocabulary.  The work is agents/noise.py:
@@ -37,7 +37,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 LR = 1e-6
 
@@ -136,11 +136,8 @@ def main() -> int:
     ap.add_argument("--only", choices=("actorjet", "trl"), default=None)
     ap.add_argument("--timeout", type=float, default=900, help="seconds each framework may take")
     ap.add_argument("--label", default="", help="the result file's name (default: rl_throughput-…)")
-    ap.add_argument("--dry-run", action="store_true", help="shape tiny on the CPU: 4 groups x 4, 16 tokens, 4 steps")
-    args = ap.parse_args()
-    if args.dry_run:
-        args.shape, args.device, args.groups, args.group_size, args.answer, args.steps, args.warmup, args.runners = \
-            "tiny", "cpu", 4, 4, 16, 4, 1, 2
+    args = parse(ap, {"shape": "tiny", "device": "cpu", "groups": 4, "group_size": 4, "answer": 16, "steps": 4,
+                      "warmup": 1, "runners": 2})
     if args.steps <= args.warmup + 1:
         ap.error("--steps must exceed --warmup by 2 or more")
     import importlib.util
@@ -172,7 +169,7 @@ def main() -> int:
     if len(results) == 2:
         summary["actorjet_over_trl"] = results["actorjet"]["samples_per_s"] / results["trl"]["samples_per_s"]
         print(f"ActorJet ÷ TRL samples/s: {summary['actorjet_over_trl']:.2f} (target ≥ 1.3)")
-    label = ("dry-run" if args.dry_run else f"{args.shape}-{args.device}")
+    label = f"{args.shape}-{args.device}"
     write(args.label or f"rl_throughput-{label}", summary)
     return 0
 

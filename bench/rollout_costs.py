@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 ANSWER = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
     {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "42"}}],
@@ -173,13 +173,13 @@ def gateway_prompt(rounds: int) -> dict:
     messages = api.parse_messages({"messages": [{"role": "user", "content": "07+45="}]})
     n = 2000
     return alternate({"template + tokenizer": lambda: [api.render_prompt(tok, messages, None) for _ in range(n)],
-                      "reused ids": lambda: [gw._render(messages, None) for _ in range(n)]}, rounds, n)
+                      "reused ids": lambda: [gw._render("episode", "agent", messages, None) for _ in range(n)]}, rounds, n)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
-    args = ap.parse_args()
+    args = parse(ap, {"rounds": 1})
     sample, sizes = engine_batches(args.rounds)
     results = {"sdk call (ms per call)": sdk_call(args.rounds),
                "engine sampling (ms per 128 requests)": sample,

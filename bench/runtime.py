@@ -24,8 +24,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
 
 import actorjet  # noqa: E402,F401
+from common import parse, write  # noqa: E402
 from actorjet.runtime import messages as m  # noqa: E402
 from actorjet.runtime.head import Head, attach_root, status  # noqa: E402
 from actorjet.runtime.tree_spec import load_tree  # noqa: E402
@@ -171,7 +173,7 @@ def main() -> None:
     ap.add_argument("--quickstart-steps", type=int, default=40,
                     help="steps of each signed/unsigned quickstart whose step times are compared (0: skip)")
     ap.add_argument("--child", choices=["signed", "unsigned"], help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse(ap, {"restarts": 3, "losses": 1, "rounds": 1, "quickstart_steps": 7})
     if args.child:
         child(args.child, args.restarts, args.quickstart_steps)
         return
@@ -217,10 +219,7 @@ def main() -> None:
     print(f"{'measure':<{width}}  {'result':<40}  target")
     for name, value, target in rows:
         print(f"{name:<{width}}  {value:<40}  {target}")
-    out = HERE / "results" / "runtime.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write("runtime", result)
 
 
 if __name__ == "__main__":

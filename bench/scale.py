@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 CORES = os.cpu_count() or 2
 
@@ -250,7 +250,7 @@ def main() -> int:
     ap.add_argument("--episodes", type=int, default=32, help="concurrent episodes for the engine runs")
     ap.add_argument("--device", default="cpu", help="cuda: one GPU, both replicas on it, one rank over nccl")
     ap.add_argument("--label", default="", help="the result file's name (default: scale-MODEL[-DEVICE])")
-    args = ap.parse_args()
+    args = parse(ap, {"repeats": 1, "episodes": 4})
     from actorjet.models import zoo
 
     model_dir = str(zoo.resolve(args.model))

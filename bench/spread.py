@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 TESTS = {   # name → (test, its run directory below the test's tmp_path)
     "chaos": ("tests/test_chaos.py::test_training_survives_killed_runners_node_gateway_and_learner", "run"),
@@ -60,11 +60,12 @@ def learning_of(run_dir: Path, model: str | None = None) -> tuple[list[float], f
     return [r["accuracy"] for r in rows if r.get("kind") == "eval"], reward_gain
 
 
-def one_run(what: str, tmp: Path, model: str | None = None) -> dict:
+def one_run(what: str, tmp: Path, steps: int | None = None) -> dict:
     t0 = time.time()
     if what == "quickstart":
         run_dir = tmp / "run"
-        out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "quickstart", "--run-dir", str(run_dir)],
+        out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "quickstart", "--run-dir", str(run_dir),
+                              *(["--steps", str(steps)] if steps else [])],
                              capture_output=True, text=True, timeout=1800, cwd=REPO)
     else:
         test, run_name = TESTS[what]
@@ -82,10 +83,13 @@ def one_run(what: str, tmp: Path, model: str | None = None) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quickstart", *TESTS))
+    ap.add_argument("what", nargs="?", choices=("quickstart", *TESTS))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--load", type=int, default=0, help="busy processes running beside each run (default 0)")
-    args = ap.parse_args()
+    ap.add_argument("--steps", type=int, default=None, help="quickstart only: its --steps (default: its own)")
+    args = parse(ap, {"what": "quickstart", "runs": 1, "steps": 4})
+    if args.what is None:
+        ap.error("say what to run: quickstart or one of " + ", ".join(TESTS))
     hogs = [mp.Process(target=_busy, daemon=True) for _ in range(args.load)]
     for h in hogs:
         h.start()
@@ -93,7 +97,7 @@ def main() -> int:
     try:
         for i in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="aj-spread-") as tmp:
-                rs = one_run(args.what, Path(tmp))
+                rs = one_run(args.what, Path(tmp), steps=args.steps)
             runs += rs
             print(f"run {i + 1}/{args.runs}: {rs}", flush=True)
     finally:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 from actorjet.store.records import CallRecord  # noqa: E402
 
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--turn", type=int, default=16, help="calls written per gateway event-loop turn")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", action="store_true", help="measure the old path (run against a dc8dab8 checkout)")
-    args = ap.parse_args()
+    args = parse(ap, {"groups": 20, "repeats": 1})
     runs = []
     for _ in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:

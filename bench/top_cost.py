@@ -40,7 +40,7 @@ import psutil  # noqa: E402
 
 from actorjet.monitor import metrics  # noqa: E402
 from actorjet.cli.top import Poller  # noqa: E402
-from common import half_width, table, write  # noqa: E402
+from common import half_width, parse, table, write  # noqa: E402
 from jobs import tiny_arith  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
@@ -179,7 +179,7 @@ def main() -> int:
     ap.add_argument("--watchers", type=int, default=1, help="`top`s polling at once (default 1)")
     ap.add_argument("--windows", type=float, default=0,
                     help="measure inside one head: pollers on and off every WINDOWS seconds")
-    args = ap.parse_args()
+    args = parse(ap, {"rounds": 1, "steps": 8})      # (a run measures after step 5)
     if args.windows:
         return windowed_main(args)
     runs = {"watched": [], "alone": []}

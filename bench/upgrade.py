@@ -37,7 +37,7 @@ from actorjet.registry import protocol as proto  # noqa: E402
 from actorjet.runtime.head import attach_root, status  # noqa: E402
 import hosts  # noqa: E402
 import jobs  # noqa: E402
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
 JOB = jobs.tiny_arith(100000, group_size=8, groups_per_step=4, runner_concurrency=8)
@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--dwell", type=float, default=2.0, help="seconds of training between upgrades")
     ap.add_argument("--operate", nargs=3, metavar=("PORT", "TOKEN", "TMP"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = parse(ap, {"upgrades": 2, "nodes": 1, "slots": 1, "dwell": 0.5})
     if args.operate:          # the operator's half, on the head's host: JSON result on stdout
         port, token, tmp = args.operate
         print(json.dumps(operate(int(port), token, Path(tmp), args)))

@@ -44,7 +44,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import interval, table, write  # noqa: E402
+from common import interval, parse, table, write  # noqa: E402
 
 THRESHOLDS = (0.50, 0.55, 0.60)
 SNAPSHOT_EVERY = 2
@@ -281,11 +281,8 @@ def main() -> int:
     ap.add_argument("--runners", type=int, default=2, help="ActorJet runner processes (the quickstart's 2)")
     ap.add_argument("--concurrency", type=int, default=64, help="ActorJet episodes in flight per runner (64)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda: where both frameworks run their models")
-    ap.add_argument("--smoke", action="store_true", help="1 seed, 12 steps: the suite's check that it runs")
     ap.add_argument("--label", default="", help="the result file's name (default: from the options)")
-    args = ap.parse_args()
-    if args.smoke:
-        args.seeds, args.steps = 1, CPU_FROM_STEP + 2
+    args = parse(ap, {"seeds": 1, "steps": CPU_FROM_STEP + 2})
     if args.seeds < 1 or args.runners < 1 or args.concurrency < 1:
         ap.error("--seeds, --runners and --concurrency must be >= 1")
     if args.steps < CPU_FROM_STEP + 2:
@@ -324,7 +321,7 @@ def main() -> int:
     name = "vs_trl" if args.only is None and (args.runners, args.concurrency) == (2, 64) else \
         f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"
     name += "" if args.device == "cpu" else f"-{args.device}"
-    name = args.label or ("vs_trl-smoke" if args.smoke else name)
+    name = args.label or name
     write(name, {"steps": args.steps, "seeds": args.seeds, "runners": args.runners, "concurrency": args.concurrency,
                  "device": args.device,
                  "runs": runs, "summary": summary})

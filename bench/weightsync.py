@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import table, write  # noqa: E402
+from common import parse, table, write  # noqa: E402
 
 from actorjet.rl import lora  # noqa: E402
 from actorjet.serving import weights  # noqa: E402
@@ -188,7 +188,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where run-directory files go (default: a temp dir)")
     ap.add_argument("--no-cross-node", action="store_true", help="skip the push between two network namespaces")
-    args = ap.parse_args()
+    args = parse(ap, {"repeats": 1})
     torch.set_num_threads(1)                     # the learner and the engine each have a core here
     path = zoo.smollm2()
     load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # noqa: E731

@@ -1,15 +1,122 @@
-"""Benches at their smoke size, so none can rot unseen: each runs as a user runs it and its
-JSON is read back.  bench/gpu_check.sh --dry-run runs kept_caches, scale, long_sample, vs_trl
-and rl_throughput at tiny sizes."""
+"""Every bench at its smoke size, so none can rot unseen (issue 51): each runs as a user runs
+it (`python bench/NAME.py --smoke`), its JSON is read back and one figure of it checked, and
+no process it started is left behind.  bench/gpu_check.sh --dry-run runs kept_caches, scale,
+long_sample, vs_trl and rl_throughput at tiny sizes; the other benches run here one by one."""
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+import hosts
+
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+HELPERS = {"common", "digits_task", "plain_http_agents"}      # imported by benches, not run
+GPU_CHECK = set(re.findall(r"bench/(\w+)\.py", (BENCH / "gpu_check.sh").read_text()))
+NEEDS_HOSTS = {"chaos", "soak", "upgrade"}                    # every node on its own network namespace
+
+
+def _values(tree):
+    if isinstance(tree, dict):
+        for v in tree.values():
+            yield from _values(v)
+    elif isinstance(tree, list):
+        for v in tree:
+            yield from _values(v)
+    elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+        yield tree
+
+
+# name → (the results file it writes, a check of what it measured)
+SMOKES = {
+    "algorithms": ("algorithms-smoke", lambda d: len(d["runs"]) == 2 and all("error" not in r for r in d["runs"])),
+    "chaos": ("chaos-smoke", lambda d: d["faults_injected"] == d["faults_survived"] == 9 and d["episodes_lost"] == 0
+              and d["duplicate_episodes"] == 0 and d["leftover_processes"] == 0),
+    "cocktail": ("cocktail-smoke", lambda d: d["alone"]["healthy"]["episodes_per_s"] > 0
+                 and sum(d["cocktail"]["healthy"]["aborted_by_cause"].values()) == 0),
+    "context": ("context-smoke", lambda d: all(w["tree"]["tokens"] <= w["prefix"]["tokens"] < w["none"]["tokens"]
+                                               for w in d["results"]["tiny-arith"].values() if w["calls"] > 1)),
+    "control_plane": ("control_plane-both-smoke", lambda d: {r.get("kind") for r in d["results"]} == {"outbound", "thespian"}
+                      and all(r["episodes_per_s"] > 0 for r in d["results"])),
+    "exactness": ("exactness-smoke", lambda d: max(d["max_abs_logprob_diff"]["exact"].values()) <= 1e-5),
+    "gateway": ("gateway-smoke", lambda d: all(r > 0 for r in d["completions_per_s"].values())),
+    "kill_loop": ("kill_loop-smoke", lambda d: all(t["reached_final_step"] == t["runs"] == 1 for t in d["totals"].values())),
+    "long_episodes": ("long_episodes-after-smoke", lambda d: d["sizes"][0]["final_prompt_tokens"] > 256),
+    "overhead": ("overhead-smoke", lambda d: d["baseline_s_per_step"] > 0
+                 and all(s["s_per_step"] > 0 for s in d["swarm"].values())),
+    "realmodel": ("realmodel-smoke", lambda d: d["runs"][0]["steps"] >= 2 and d["runs"][0]["wall_s_per_step"] > 0
+                  and d["runs"][0]["before"] is not None),
+    "research": ("research-smoke", lambda d: d["trials"] > 0 and d["duplicated_trials"] == 0),
+    "retention": ("retention-smoke", lambda d: d["nothing_lost"] is True),
+    "rollout_costs": ("rollout_costs-smoke", lambda d: all(v > 0 for v in _values(d["cpu_ms"]))),
+    "runtime": ("runtime-smoke", lambda d: d["orphans_after_head_restart_and_cleanup"] == 0
+                and d["restart_latency_ms"]["n"] == 3),
+    "soak": ("soak-smoke", lambda d: d["leftover_processes"] == 0 and d["faults"]),
+    "spread": ("spread_quickstart-smoke", lambda d: d["runs"][0]["ok"] and d["runs"][0]["last"] is not None),
+    "store": ("store-smoke", lambda d: d["episodes_per_s_one_core"] > 0),
+    "top_cost": ("top_cost-smoke", lambda d: all(s["cpu_s_per_step"] > 0 for s in d["summary"].values())),
+    "upgrade": ("upgrade-smoke", lambda d: d["upgrades"] == 2 and d["episodes_failed_by_swap"] == 0
+                and d["leftover_processes"] == 0),
+    "weightsync": ("weightsync-smoke", lambda d: all(r["total_s"] > 0 for r in d["rows"])),
+}
+
+
+def benches() -> set[str]:
+    return {p.stem for p in BENCH.glob("*.py")} - HELPERS
+
+
+def test_every_bench_has_a_smoke_size_that_the_suite_runs():
+    """A new bench without ``--smoke``, or one the suite does not run, fails here (fast tier)."""
+    for name in benches():
+        source = (BENCH / f"{name}.py").read_text()
+        assert re.search(r"\bparse\((ap|p|parser), \{", source), f"bench/{name}.py: parse its options with " \
+                                                                   f"common.parse(ap, {{smoke sizes}})"
+    assert benches() == set(SMOKES) | GPU_CHECK, ("a bench neither here nor in bench/gpu_check.sh",
+                                                  benches() ^ (set(SMOKES) | GPU_CHECK))
+    assert not set(SMOKES) & GPU_CHECK, "run once: here or in the GPU check's dry run"
+
+
+def _started_by(tmp: Path) -> list[psutil.Process]:
+    """Processes whose TMPDIR is this run's: the bench's own children, wherever they went."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("TMPDIR") == str(tmp):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMOKES))
+def test_the_bench_runs_at_its_smoke_size(name, tmp_path):
+    if name in NEEDS_HOSTS and hosts.unavailable():
+        pytest.skip(f"bench/{name}.py runs every node on its own host: {hosts.unavailable()}")
+    results, work = tmp_path / "results", tmp_path / "tmp"
+    work.mkdir()
+    env = {**os.environ, "ACTORJET_BENCH_RESULTS": str(results), "TMPDIR": str(work)}
+    try:
+        done = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--smoke"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=420)
+    finally:
+        deadline = time.time() + 10
+        while _started_by(work) and time.time() < deadline:
+            time.sleep(0.5)
+        left = _started_by(work)
+        for p in left:
+            p.kill()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not left, f"bench/{name}.py left {[' '.join(p.cmdline()[:4]) for p in left]}"
+    file, check = SMOKES[name]
+    data = json.loads((results / f"{file}.json").read_text())
+    assert check(data), json.dumps(data)[:3000]
 
 
 @pytest.mark.slow

@@ -88,3 +88,36 @@ def test_kl_to_the_reference_is_zero_at_start_and_grows_after_updates(model_dir)
     first = grpo_step(model, opt, samples, cfg, pad_id=0, ref_model=ref)
     second = grpo_step(model, opt, samples, cfg, pad_id=0, ref_model=ref)
     assert abs(first["kl"]) < 1e-6 and second["kl"] > 1e-6
+
+
+def test_eval_limit_scores_the_first_n_held_out_tasks_and_a_bad_one_is_refused():
+    """``eval_limit = N``: an evaluation scores the split's first N tasks (a quick look while
+    iterating; bench/realmodel.py --smoke); a negative or fractional one is a one-line error."""
+    from transformers import AutoTokenizer
+
+    from actorjet.config import normalize
+    from actorjet.errors import UserError
+    from actorjet.models.evaluations import Evaluations
+    from actorjet.models.heldout import eval_spec
+
+    job = {"models": [{"name": "policy", "source": "tiny-arith", "eval_limit": 5}]}
+    cfg = normalize(job)["models"][0]
+    path = zoo.resolve("tiny-arith", 0)
+    tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    asked = []
+    tasks, messages, score = eval_spec("actorjet_agents.arithmetic", "policy")
+
+    def counted(task, text):
+        asked.append(task)
+        return score(task, text)
+    evals = Evaluations("policy", [("arithmetic", (tasks, messages, counted))], tokenizer, cfg)
+    try:
+        assert evals.start(model, 0, 0, last=True)
+        evals.running[0].result(timeout=120)
+        [[record]] = evals.finished()
+    finally:
+        evals.shutdown()
+    assert asked == tasks()[:5] and record["accuracy"] * 5 == round(record["accuracy"] * 5)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(UserError, match="eval_limit"):
+            normalize({"models": [{"name": "policy", "source": "tiny-arith", "eval_limit": bad}]})

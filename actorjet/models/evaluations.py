@@ -47,7 +47,7 @@ class Evaluations:
         for task, spec in self.specs:
             t0 = time.perf_counter()
             acc = greedy_accuracy(model, self.tokenizer, spec, self.cfg["eval_max_tokens"],
-                                  tool_parser=self.cfg.get("tool_parser", ""))
+                                  limit=self.cfg.get("eval_limit") or None, tool_parser=self.cfg.get("tool_parser", ""))
             records.append({"kind": "eval", "model": self.model_name, "task": task, "split": self.cfg["eval_split"],
                             "step": step, "weight_version": version, "accuracy": acc,
                             "eval_time_s": time.perf_counter() - t0})

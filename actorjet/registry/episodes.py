@@ -240,9 +240,9 @@ class EpisodeDesk:
             if learner is None or self.learners.finished or info.get("evaluating_step") is not None:
                 self.watchdog.forget(f"{model}/learner")
                 continue
-            backlog = self.learners.untrained.get(model, 0)      # (a full disk pauses it: not a stall)
-            self.watchdog.progress(f"{model}/learner", info["learner_step"],
-                                   int(backlog >= size and not self.full_disks.paused), learner["address"], now)
+            backlog = self.learners.untrained.get(model, 0)
+            owes_a_step = backlog >= size and not self.full_disks.paused     # (a full disk pauses it: not a stall)
+            self.watchdog.progress(f"{model}/learner", info["learner_step"], int(owes_a_step), learner["address"], now)
         out: Out = []
         for who, address, reason in self.watchdog.check(now):
             log.error("watchdog: %s %s; restarting it", who, reason)
@@ -276,29 +276,43 @@ class EpisodeDesk:
         c = self.counters
         episodes = c.episodes()
         episodes["trained"] = self.learners.episodes_trained()
-        return {"episodes": episodes, "aborted_by_cause": dict(c.abort_causes),
-                "tasks": {name: {**t, "completed": c.completed_by_task.get(name, 0),
-                                 "aborted_by_cause": dict(c.abort_by_task.get(name, {}))}
-                          for name, t in self.task_table().items()},
-                "groups": {"finished": self.learners.finished_groups(), "dropped": c.groups_dropped,   # the stores' word
-                           "quarantined": c.groups_quarantined, "quarantined_by_cause": dict(c.quarantine_causes),
-                           "dropped_by_cause": dict(c.drop_causes),
-                           "late_results_rejected": c.late_results, **self.leases.status()}}
+        tasks = {name: {**t, "completed": c.completed_by_task.get(name, 0),
+                        "aborted_by_cause": dict(c.abort_by_task.get(name, {}))}
+                 for name, t in self.task_table().items()}
+        groups = {
+            "finished": self.learners.finished_groups(),     # the stores' word: complete in a store
+            "dropped": c.groups_dropped,
+            "quarantined": c.groups_quarantined,
+            "quarantined_by_cause": dict(c.quarantine_causes),
+            "dropped_by_cause": dict(c.drop_causes),
+            "late_results_rejected": c.late_results,
+            **self.leases.status(),
+        }
+        return {"episodes": episodes, "aborted_by_cause": dict(c.abort_causes), "tasks": tasks, "groups": groups}
+
+    def model_status(self, name: str, progress: dict) -> dict:
+        """One model's row of status: its learner's progress, scores, replicas and hardware."""
+        recent = list(self.learners.recent.get(name, []))
+        return {"name": name, "weight_version": progress["weight_version"], "learner_step": progress["learner_step"],
+                "accuracy": dict(self.learners.accuracy.get(name, {})), "recent": recent,
+                "engine_replicas": self.replicas.get(name, {}), "hardware": self.hardware.get(name, {}),
+                "learner_ranks": next((r["rank_step_s"] for r in reversed(recent) if r.get("rank_step_s")), [])}
 
     def status(self) -> dict:
         learners = self.learners
-        return {**self.status_counts(),
-                "models": [{"name": k, "weight_version": v["weight_version"], "learner_step": v["learner_step"],
-                            "accuracy": dict(learners.accuracy.get(k, {})), "recent": list(learners.recent.get(k, [])),
-                            "engine_replicas": self.replicas.get(k, {}), "hardware": self.hardware.get(k, {}),
-                            "learner_ranks": next((r["rank_step_s"] for r in reversed(learners.recent.get(k, []))
-                                                   if r.get("rank_step_s")), [])}
-                           for k, v in sorted(learners.models.items())],
-                "behaviors": self.upgrades.status(self.placed_runners()), "upgrades": self.upgrades.push_report(),
-                "training_finished": learners.finished, "watchdog": self.watchdog_line(), "recovered": learners.recovered,
-                "disk_full": dict(self.full_disks.reports), "paused": self.full_disks.line(),
-                **self.watchdog.status(time.time()),
-                "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()}}
+        return {
+            **self.status_counts(),
+            "models": [self.model_status(k, v) for k, v in sorted(learners.models.items())],
+            "behaviors": self.upgrades.status(self.placed_runners()),
+            "upgrades": self.upgrades.push_report(),
+            "training_finished": learners.finished,
+            "watchdog": self.watchdog_line(),
+            "recovered": learners.recovered,
+            "disk_full": dict(self.full_disks.reports),
+            "paused": self.full_disks.line(),
+            **self.watchdog.status(time.time()),
+            "services": {k: {kind: s["url"] for kind, s in v.items()} for k, v in self.services.items()},
+        }
 
     def close(self) -> None:
         self.learners.close()

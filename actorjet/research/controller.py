@@ -91,10 +91,11 @@ class Controller:
         n = self.study["explore"]["trials"]
         sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=max(2, n // 3))
         eval_every = self.study["base_job"]["models"][0]["eval_every"]
-        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=eval_every * self.study["explore"]["min_evals"],
-                                                        reduction_factor=3)
-        self.optuna = optuna.create_study(study_name="explore", storage=f"sqlite:///{self.dir / 'optuna.sqlite'}",
-                                          load_if_exists=True, direction="maximize", sampler=sampler, pruner=pruner)
+        first_cut = eval_every * self.study["explore"]["min_evals"]     # steps before a trial may be stopped
+        pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=first_cut, reduction_factor=3)
+        storage = f"sqlite:///{self.dir / 'optuna.sqlite'}"
+        self.optuna = optuna.create_study(study_name="explore", storage=storage, load_if_exists=True,
+                                          direction="maximize", sampler=sampler, pruner=pruner)
         for stale in self.optuna.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             self.optuna._storage.set_trial_state_values(stale._trial_id, optuna.trial.TrialState.FAIL)
         seed = self.plan["seeds"]["explore"][0]
@@ -302,7 +303,8 @@ class Controller:
                     if ot.should_prune():
                         self.launcher.stop(t, handle)
                         del self.running[tid]
-                        self.reg.update(tid, state="pruned", finished=time.time(), metric=score(evals, self.study["metric"], self.steps))
+                        metric = score(evals, self.study["metric"], self.steps)
+                        self.reg.update(tid, state="pruned", finished=time.time(), metric=metric)
                         self.optuna.tell(ot, state=optuna.trial.TrialState.PRUNED)
                         self.say(f"trial {tid} stopped early at step {evals[-1][0]} (pruner)")
                         self._advance(t)

@@ -171,8 +171,10 @@ class Supervisor(ManagedActor):
     def _report_waiting(self, again: bool = False) -> None:
         """Declared children that wait for a node (placement), for status (dynamic ones are
         in ``_report_children``'s rows)."""
+        if self.dynamic or self.registry is None:
+            return
         waiting = {c.id: dict(c.placement) for c in self.spec.children if c.id in self.waiting}
-        if self.dynamic or self.registry is None or (waiting == getattr(self, "reported_waiting", {}) and not again):
+        if waiting == getattr(self, "reported_waiting", {}) and not again:
             return
         self.reported_waiting = waiting
         self.send(self.registry, m.ChildrenWaiting(self.path, waiting))
@@ -196,13 +198,20 @@ class Supervisor(ManagedActor):
         this supervisor do not take already (``gpus = 1`` each: eight ranks fill an 8-GPU node,
         a ninth waits; runtime/gpus.py then gives each process its own GPU there)."""
         want = child.placement
-        taken = lambda nid: sum(c.placement.get("gpus", 0) for c in self.spec.children  # noqa: E731
-                                if c.id != child.id and c.id in self.addresses and self.placed_on.get(c.id) == nid)
-        fits = [nid for nid, n in self.nodes.items()
-                if want.get("node", n["name"]) == n["name"] and n["gpus"] - taken(nid) >= want.get("gpus", 0)
-                and n["cpus"] >= want.get("cpus", 0)]
-        load = lambda nid: sum(1 for c, n in self.placed_on.items() if n == nid and c in self.addresses)  # noqa: E731
-        return min(fits, key=lambda nid: (load(nid), nid), default=None)
+
+        def running_on(nid: str) -> list[ChildSpec]:
+            return [c for c in self.spec.children
+                    if c.id != child.id and c.id in self.addresses and self.placed_on.get(c.id) == nid]
+
+        def fits(nid: str, node: dict) -> bool:
+            gpus_free = node["gpus"] - sum(c.placement.get("gpus", 0) for c in running_on(nid))
+            return (want.get("node", node["name"]) == node["name"] and gpus_free >= want.get("gpus", 0)
+                    and node["cpus"] >= want.get("cpus", 0))
+
+        def load(nid: str) -> int:
+            return sum(1 for c, n in self.placed_on.items() if n == nid and c in self.addresses)
+        candidates = [nid for nid, node in self.nodes.items() if fits(nid, node)]
+        return min(candidates, key=lambda nid: (load(nid), nid), default=None)
 
     def receiveMsg_NodeUp(self, msg: m.NodeUp, sender):
         known = msg.node_id in self.nodes

@@ -196,9 +196,10 @@ class EpisodeStore:
             records, self.buffer = self.buffer, []
             if records:
                 rows = [records_mod.encode(r, self.tails) for r in records if r.episode_id not in self.closed]
+                insert = f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})"
                 try:
                     with self._tx() as db:
-                        db.executemany(f"INSERT OR REPLACE INTO calls VALUES ({','.join('?' * len(COLUMNS))})", rows)
+                        db.executemany(insert, rows)
                 except sqlite3.Error:      # not written (a full disk): later calls must not refer to them
                     for r in records:
                         self.tails.forget(r.episode_id)
@@ -248,13 +249,14 @@ class EpisodeStore:
         self.flush()
         refused = [e["episode_id"] for e in episodes if self.closed.get(e["episode_id"], ENDED) != ENDED]
         now = time.time()
+        group_row = (group["group_id"], group.get("task_name"), group.get("behavior"), group.get("version"),
+                     group["size"])
+        episode_rows = [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now,
+                         self._times(e)) for e in episodes if e["episode_id"] not in refused]
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO groups (group_id, task_name, behavior, version, size) "
-                       "VALUES (?, ?, ?, ?, ?)", (group["group_id"], group.get("task_name"),
-                                                  group.get("behavior"), group.get("version"), group["size"]))
-            db.executemany("INSERT OR REPLACE INTO episodes VALUES (?, ?, ?, ?, ?, ?)",
-                           [(e["episode_id"], group["group_id"], str(e["member"]), json.dumps(e["reward"]), now,
-                             self._times(e)) for e in episodes if e["episode_id"] not in refused])
+                       "VALUES (?, ?, ?, ?, ?)", group_row)
+            db.executemany("INSERT OR REPLACE INTO episodes VALUES (?, ?, ?, ?, ?, ?)", episode_rows)
             self._judge(db, group["group_id"], now)
         with self.lock:
             for e in episodes:
