@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +28,9 @@ def parse(ap: argparse.ArgumentParser, smoke: dict) -> argparse.Namespace:
     the sizes it runs at; its results go to NAME-smoke.json, never over a measured file (an
     explicit ``--label`` names the file as given: bench/gpu_check.sh --dry-run)."""
     global SMOKE
+    # a SIGTERM (a timeout, a user's kill) unwinds like Ctrl-C: the bench's finally blocks
+    # stop what it started (tests/swarm.py's children also die with it)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in smoke.items())
     ap.add_argument("--smoke", action="store_true",
                     help=f"run in seconds ({sizes}): the suite's check that this bench still works")

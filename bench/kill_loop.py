@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,6 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=24, help="learner steps per run (default 24)")
     parser.add_argument("--seed", type=int, default=0, help="draws the kill moments")
     args = parse(parser, {"runs": 1, "steps": 6})
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so the swarm below is cleaned up
     rng = random.Random(args.seed)
     runs = []
     with tempfile.TemporaryDirectory(prefix="aj-killloop-") as tmp:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import tempfile
@@ -136,7 +135,6 @@ def main() -> None:
         plot(runs, Path(a.table_from).with_suffix(".png"))
         return
     algorithms = [x.strip() for x in a.algorithms.split(",") if x.strip()]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # stop the head on the way out
     runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo, a.eval_limit, a.groups)
             for s in a.seeds for algo in algorithms]
     show(runs)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
 import sys
 import tempfile
 import time
@@ -79,7 +78,6 @@ def main() -> None:
         value = getattr(args, name)
         if not math.isfinite(value) or value <= 0:
             ap.error(f"--{name.replace('_', '-')} must be a positive number of {'minutes' if name == 'minutes' else 'seconds'}")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a stop still cleans up (finally)
     why = hosts.unavailable()
     if why:
         sys.exit(f"bench/soak.py runs every node on its own host (network namespace): {why}")

@@ -6,6 +6,7 @@ systems it left behind (found by their admin port), even when the test fails.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -27,6 +28,15 @@ def free_port() -> int:
     return system.free_port()
 
 
+def die_with_parent() -> None:
+    """(preexec_fn) SIGTERM this child when the process that started it dies, however it
+    dies: a bench or test killed without its cleanup (SIGKILL, or SIGTERM before it handled
+    it) left its heads and nodes running, each a whole actor system.  Linux's
+    PR_SET_PDEATHSIG; it follows the thread that started the child, so start them from the
+    main thread."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)      # 1: PR_SET_PDEATHSIG
+
+
 class Proc:
     """A CLI process whose output is collected line by line in the background."""
 
@@ -34,7 +44,7 @@ class Proc:
         self.args = args
         self.popen = subprocess.Popen((prefix or []) + [sys.executable, "-m", "actorjet.cli.main"] + args,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      env=env, start_new_session=True, cwd=REPO)
+                                      env=env, start_new_session=True, cwd=REPO, preexec_fn=die_with_parent)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
