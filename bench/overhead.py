@@ -189,7 +189,7 @@ def baseline_step_time(model: str, groups: int, steps: int, warmup: int, device:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actorjet.rl.samples import call_sample
+    from actorjet.rl.pack import call_sample
     from actorjet.config import normalize
     from actorjet.models.prepare import prepare
     from actorjet.serving.transformers_engine import GenRequest, TransformersEngine

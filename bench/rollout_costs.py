@@ -8,7 +8,7 @@ process, alternating in rounds, and reports CPU time (``time.process_time``) per
 
   sdk call        the quickstart agent's ``chat.completions.create`` (client side only; a
                   stdlib server in another process answers): the SDK's default httpx
-                  transport vs ActorJet's lean transport (runner/transport.py)
+                  transport vs ActorJet's lean transport (runner/llm.py)
   engine sampling a 128-request batch of tiny-arith, 4 tokens: one multinomial per row vs
                   one per batch (serving/transformers_engine.py, _sample)
   engine batch    the same 128 requests generated as 4 batches of 32 vs 1 of 128 (what the
@@ -71,7 +71,7 @@ def alternate(variants: dict, rounds: int, units: int) -> dict:
 def sdk_call(rounds: int) -> dict:
     import openai
 
-    from actorjet.runner.transport import LeanTransport
+    from actorjet.runner.llm import LeanTransport
     from actorjet_agents import arithmetic
 
     server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)

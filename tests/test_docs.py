@@ -142,3 +142,14 @@ def test_documented_commands_run_against_a_live_head(swarm, tmp_path):
     out = run_cli(shlex.split(stop)[1:] + ["--run-dir", str(run_dir)], swarm.env)
     assert out.returncode == 0 and "stopped" in out.stdout and "nothing is running" not in out.stdout, out.stdout
     assert proc.wait_exit(60) == 0
+
+
+def test_the_one_episode_walk_names_as_many_files_as_its_table_says():
+    """docs/architecture.md's walk of one episode names every module on its path (its rule),
+    and its table states how many: a change that adds a module to the path must say so."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    walk = text[text.index("Follow one episode of the quickstart"):text.index("| on that path | before (merger")]
+    named = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", walk))
+    assert all((REPO / "actorjet" / f).exists() for f in named), [f for f in named if not (REPO / "actorjet" / f).exists()]
+    stated = re.search(r"\| source files on the path .*\| \*\*(\d+)\*\*", text)
+    assert stated and int(stated.group(1)) == len(named), (stated and stated.group(1), sorted(named))

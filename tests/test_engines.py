@@ -74,7 +74,7 @@ def test_vllm_engine_serves_published_lora_adapters(tmp_path):   # pragma: no co
 def test_transformers_engine_and_grpo_step_on_cuda():   # pragma: no cover - GPU machines only
     from transformers import AutoModelForCausalLM
 
-    from actorjet.rl.samples import call_sample
+    from actorjet.rl.pack import call_sample
     from actorjet.rl.algorithms import Algorithm
     from actorjet.rl.grpo import grpo_step
 

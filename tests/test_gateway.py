@@ -265,7 +265,7 @@ def test_the_rendered_prompts_kept_stay_within_their_budget(served, monkeypatch)
 
 
 def runner_client(server, episode: str):
-    """What a behavior gets from ``llm.client()``: the SDK over runner/transport.py."""
+    """What a behavior gets from ``llm.client()``: the SDK over runner/llm.py."""
     return LLM({"tiny": server.url + "/v1"}, signing.mint_key(SECRET, episode), episode).client()
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from actorjet.rl.samples import call_sample, reward_for
+from actorjet.rl.pack import call_sample
+from actorjet.rl.rewards import reward_for
 from actorjet.models import zoo
 from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
 from actorjet.rl.algorithms import Algorithm, episode_advantages

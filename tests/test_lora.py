@@ -23,7 +23,7 @@ from actorjet.config import normalize
 from actorjet.rl import lora
 from actorjet.rl.algorithms import Algorithm
 from actorjet.rl.grpo import collate, grpo_step, term_logprobs
-from actorjet.rl.samples import call_sample
+from actorjet.rl.pack import call_sample
 from actorjet.serving import engine_wire, weights
 from actorjet.models import zoo
 from actorjet.serving.transformers_engine import GenRequest, TransformersEngine

@@ -1,4 +1,4 @@
-"""The lean transport under the `openai` clients behaviors get (runner/transport.py): the SDK
+"""The lean transport under the `openai` clients behaviors get (runner/llm.py): the SDK
 must see exactly what it would see with its own transport: retries, dropped connections,
 timeouts and dead servers here; answers, streams and the gateway's errors in test_gateway.py;
 https in test_security.py (a runner on another host calls the https gateway through it)."""

@@ -22,8 +22,7 @@ from actorjet.checks import is_number
 from actorjet.rl import pack
 from actorjet.rl.calls import full_len
 from actorjet.rl.algorithms import GROUP_ESTIMATORS, Algorithm, episode_advantages, from_config
-from actorjet.rl.rewards import bad_reward, is_per_turn, total
-from actorjet.rl.samples import reward_for
+from actorjet.rl.rewards import bad_reward, is_per_turn, reward_for, total
 
 
 def apportion(total: int, weights: dict[str, float]) -> dict[str, int]:

@@ -96,6 +96,12 @@ def pack_none(calls: list[tuple[dict, float]]) -> list[Packed]:
     return [_linear(full_ids(c), _terms(c, prompt_len(c), adv)) for c, adv in calls]
 
 
+def call_sample(call: dict, advantage: float) -> dict:
+    """One recorded call as one training sample (no merging): what tests and benches hand
+    the learner's step directly."""
+    return pack_none([(call, advantage)])[0].to_dict()
+
+
 def pack_prefix(calls: list[tuple[dict, float]]) -> list[Packed]:
     """Timeline merging: O(new tokens), from the store's references.
 

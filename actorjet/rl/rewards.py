@@ -31,6 +31,19 @@ def is_per_turn(reward) -> bool:
     return isinstance(reward, dict) and "turns" in reward and set(reward) <= {"turns", "final"}
 
 
+def reward_for(reward, model: str, role: str):
+    """One model's (or role's) part of an episode's reward: a behavior returns one reward for
+    everyone, or {role_or_model: reward}, each a number or per-turn rewards.  None: nothing
+    for this model or role."""
+    if isinstance(reward, (int, float)) or is_per_turn(reward):
+        return reward
+    if isinstance(reward, dict):
+        for key in (role, model, "default"):
+            if key in reward:
+                return reward[key]
+    return None
+
+
 def _bad_per_turn(reward, where: str) -> str:
     turns, final = reward["turns"], reward.get("final", 0.0)
     if not isinstance(turns, list) or len(turns) > MAX_TURNS:

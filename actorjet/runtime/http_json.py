@@ -6,7 +6,7 @@ thread and host: a runner posting each lease's rewards reuses it), and one error
 ``HttpError`` when the server answered with a status of 400 or more (its JSON message
 extracted), ``Unreachable`` when no answer came.  A kept-alive connection the server has
 closed meanwhile is retried once on a fresh one, as browsers and ``requests`` do.  (Agents'
-LLM calls go through the ``openai`` SDK with runner/transport.py; servers' calls to each
+LLM calls go through the ``openai`` SDK with runner/llm.py; servers' calls to each
 other are aiohttp's, in their event loops.)
 """
 from __future__ import annotations

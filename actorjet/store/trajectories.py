@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from actorjet.errors import UserError
-from actorjet.rl.rewards import total
-from actorjet.rl.samples import reward_for
+from actorjet.rl.rewards import reward_for, total
 from actorjet.store.records import from_portable, whole
 
 
