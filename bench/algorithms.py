@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--name", default="algorithms")
     ap.add_argument("--fixed-start", action="store_true", help="every run from the shipped checkpoint")
-    args = parse(ap, {"algorithms": "grpo,ppo", "seeds": 1, "steps": 3})
+    args = parse(ap, {"algorithms": "rloo", "seeds": 1, "steps": 2})
     names = args.algorithms.split(",")
     runs = []
     with tempfile.TemporaryDirectory(prefix="aj-algorithms-") as work:

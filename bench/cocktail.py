@@ -85,7 +85,7 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--window", type=float, default=40.0)
-    args = parse(ap, {"window": 4.0})
+    args = parse(ap, {"window": 2.0})
     os.environ.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.1")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

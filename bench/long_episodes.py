@@ -283,7 +283,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="5x4096,20x16384,50x32768", help="TURNSxCONTEXT, comma-separated")
     ap.add_argument("--episodes", type=int, default=2, help="episodes per size (one GRPO group)")
     ap.add_argument("--model", default="tiny-long", help="a zoo model: tiny-long (32k positions) or smollm2-135m (8k)")
-    args = parse(ap, {"sizes": "2x512", "label": "smoke"})
+    args = parse(ap, {"sizes": "2x512"})
     global MODEL
     MODEL = args.model
     try:

@@ -240,7 +240,7 @@ def main() -> None:
                     "host: a network namespace, needs root)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="rounds of (baseline, each swarm), interleaved; medians are reported (default 3)")
-    args = parse(ap, {"steps": 3, "warmup": 1, "groups": 2, "repeats": 1})
+    args = parse(ap, {"steps": 3, "warmup": 1, "groups": 2, "repeats": 1, "agents": "plain,hosts"})
     agents = [a for a in args.agents.split(",") if a]
     if not agents or set(agents) - {"plain", "openai", "hosts"}:
         ap.error("--agents takes plain, openai and/or hosts")

@@ -84,7 +84,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    args = parse(ap, {"kills": 1})
+    args = parse(ap, {"kills": 0})    # (tests/test_research.py kills a controller)
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

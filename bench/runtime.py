@@ -173,7 +173,7 @@ def main() -> None:
     ap.add_argument("--quickstart-steps", type=int, default=40,
                     help="steps of each signed/unsigned quickstart whose step times are compared (0: skip)")
     ap.add_argument("--child", choices=["signed", "unsigned"], help=argparse.SUPPRESS)
-    args = parse(ap, {"restarts": 3, "losses": 1, "rounds": 1, "quickstart_steps": 7})
+    args = parse(ap, {"restarts": 3, "losses": 1, "rounds": 1, "quickstart_steps": 6})
     if args.child:
         child(args.child, args.restarts, args.quickstart_steps)
         return
