@@ -59,10 +59,14 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
     job.write_text(JOB.format(tasks="".join(TASK.format(name=n, behavior=b, weight=w) for n, b, w in tasks),
                               isolation=isolation, mix=mix))
     try:
-        _, port, _ = swarm.head(tmp / label / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
-                                extra=["--config", str(job)])
+        head, port, _ = swarm.head(tmp / label / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
+                                   extra=["--config", str(job)])
         get = lambda: status(*attach_root(port))  # noqa: E731
-        wait_until(lambda: get()["models"][0]["learner_step"] >= 1, 180, interval_s=0.5, what="first step")
+        try:
+            wait_until(lambda: get()["models"][0]["learner_step"] >= 1, 180, interval_s=0.5, what="first step")
+        except AssertionError:
+            print(f"{label}: the head's last lines:\n" + "\n".join(head.lines[-40:]), file=sys.stderr)
+            raise
         before, t0 = get()["tasks"], time.time()
         time.sleep(window)
         after, elapsed = get(), time.time() - t0
