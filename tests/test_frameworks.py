@@ -4,7 +4,6 @@ API), the anthropic SDK (the Messages API) and AgentScope.  The wire on tiny-ari
 then every example agent training on a real head (agents/examples/)."""
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
