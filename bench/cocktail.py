@@ -13,6 +13,7 @@ For each: the healthy task's completed episodes per second over ``--window`` sec
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sqlite3
 import sys
@@ -66,6 +67,12 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
             wait_until(lambda: get()["models"][0]["learner_step"] >= 1, 180, interval_s=0.5, what="first step")
         except AssertionError:
             print(f"{label}: the head's last lines:\n" + "\n".join(head.lines[-40:]), file=sys.stderr)
+            with contextlib.suppress(Exception):
+                st = get()
+                print(f"{label}: watchdog {st['watchdog']!r}, runners {st['runners']}, groups {st['groups']}, "
+                      f"episodes {st['episodes']}, aborted {st['aborted_by_cause']}", file=sys.stderr)
+            for log in sorted((tmp / label / "run").rglob("*.log")):
+                print(f"== {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]), file=sys.stderr)
             raise
         before, t0 = get()["tasks"], time.time()
         time.sleep(window)

@@ -209,3 +209,39 @@ def test_a_runner_whose_concurrency_is_below_the_group_size_still_takes_a_group_
     assert groups_to_take(5, 0, 8) == 1            # idle: one group, its last 3 episodes wait for a thread
     assert groups_to_take(5, 3, 8) == 0            # busy: no more until it is done
     assert groups_to_take(64, 0, 8) == 8 and groups_to_take(64, 60, 8) == 0 and groups_to_take(64, 8, 8) == 7
+
+
+LONG_TMPDIR_EPISODE = """
+import cloudpickle, os, sys, tempfile, time
+from actorjet.behaviors import SECRET_ENV, sign
+from actorjet.runner.core import Processes, RunnerCore
+os.environ[SECRET_ENV] = "s"
+core = RunnerCore(Processes(1))
+core.install(sign("s", "t", 1, cloudpickle.dumps(lambda task, llm: 1.0)))
+lease = {"lease_id": "L", "behavior": "t", "version": 1, "task_name": "t", "task": {}, "urls": {"m": "http://x"},
+         "timeout_s": 60, "episodes": [{"episode_id": "e0", "api_key": "k"}]}
+core.start(lease)
+deadline, done = time.monotonic() + 60, []
+while not done and time.monotonic() < deadline:
+    done = core.finished()
+    time.sleep(0.05)
+core.close()
+print(done[0][1][0] if done else "no result", tempfile.gettempdir() == os.environ["TMPDIR"])
+"""
+
+
+def test_process_isolation_runs_under_a_tmpdir_too_long_for_a_unix_socket(tmp_path):
+    """The task workers' fork server listens on a unix socket under TMPDIR; past 107 bytes
+    every worker start failed ("AF_UNIX path too long") and the runner crashed forever (found
+    by bench/cocktail.py --smoke under pytest-xdist's long temp paths).  The episode runs, and
+    agent code still sees its own TMPDIR."""
+    import subprocess
+    import sys
+
+    long_dir = tmp_path / ("t" * 60) / ("m" * 40)
+    long_dir.mkdir(parents=True)
+    assert len(str(long_dir)) > 107
+    out = subprocess.run([sys.executable, "-c", LONG_TMPDIR_EPISODE], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(long_dir)})
+    assert out.returncode == 0 and "'reward': 1.0" in out.stdout and out.stdout.strip().endswith("True"), \
+        out.stdout[-2000:] + out.stderr[-2000:]

@@ -13,6 +13,7 @@ _context): never from the threaded runner itself.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,9 +65,34 @@ def _context():
     is a cheap fork of it."""
     global _CTX
     if _CTX is None:
+        _short_socket_dir()
         _CTX = mp.get_context("forkserver")
         _CTX.set_forkserver_preload(["actorjet.runner.episode", "openai"])
     return _CTX
+
+
+SOCKET_PATH_MAX = 100      # a unix socket's path is at most 107 bytes on Linux (sun_path)
+
+
+def _short_socket_dir() -> None:
+    """The fork server listens on a unix socket in multiprocessing's temp dir, made under
+    TMPDIR.  Under a long TMPDIR (a CI runner's, a test's) its path passed the 107-byte limit:
+    every worker start failed with "AF_UNIX path too long", the runner crashed and was
+    restarted forever, and the task never trained.  Python 3.11 has no fallback, so the dir
+    multiprocessing caches for this process is made under /tmp instead; agent code still
+    sees its own TMPDIR."""
+    import tempfile
+
+    from multiprocessing import util
+
+    room = len(tempfile.gettempdir()) + len("/pymp-xxxxxxxx/listener-xxxxxxxx")
+    if room <= SOCKET_PATH_MAX or not os.access("/tmp", os.W_OK):
+        return
+    before, tempfile.tempdir = tempfile.tempdir, "/tmp"
+    try:
+        util.get_temp_dir()          # made now and cached: the fork server's socket goes there
+    finally:
+        tempfile.tempdir = before
 
 
 class TaskWorker:
