@@ -70,31 +70,22 @@ def watch(owner: int, owner_started: float, port: int, admin: int) -> str:
 
 def stop_session(admin: int, admin_started: float) -> None:
     """SIGTERM the admin's session (the admin and every actor forked from it), then SIGKILL
-    what is still there after STOP_S."""
+    what is still there after STOP_S (runtime/system.py ``reap``: a zombie counts as gone)."""
+    from actorjet.runtime import system      # (it starts this watcher: imported only to stop)
+
     if not alive(admin, admin_started):
         return
     try:
         sid = os.getsid(admin)
     except ProcessLookupError:
         return
-    procs = []
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and os.getsid(p.pid) == sid:
-                procs.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
+    procs = [p for p in system.session_processes(sid) if p.pid != os.getpid()]
     for p in procs:
         try:
             p.terminate()
         except psutil.Error:
             pass
-    _, left = psutil.wait_procs(procs, timeout=STOP_S)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    system.reap(procs, STOP_S)
 
 
 if __name__ == "__main__":
