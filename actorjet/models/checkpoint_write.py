@@ -18,6 +18,13 @@ import torch
 from actorjet import disk
 
 
+def newest(folder: Path) -> Path | None:
+    """The newest complete checkpoint under ``folder`` (one model's), or None: a folder is a
+    checkpoint once it is named ``step_N`` with its state.json, which ``write`` makes so last."""
+    done = sorted(folder.glob("step_*/state.json"))
+    return done[-1].parent if done else None
+
+
 def write(folder: Path, step: int, weight_version: int, model, tokenizer, optimizer_state: dict,
           extra: dict | None = None) -> Path:
     """``model``: what ``save_pretrained`` saves (with LoRA: the peft model, i.e. the adapter);

@@ -12,16 +12,17 @@ import shutil
 from pathlib import Path
 
 from actorjet.errors import UserError
+from actorjet.models import checkpoint_write
 
 
 def newest_checkpoint(run_dir: Path, model: str) -> Path:
-    folders = sorted((run_dir / "checkpoints" / model).glob("step_*/state.json"))
-    if not folders:
+    folder = checkpoint_write.newest(run_dir / "checkpoints" / model)
+    if folder is None:
         known = sorted(p.name for p in (run_dir / "checkpoints").glob("*")) if (run_dir / "checkpoints").is_dir() else []
         raise UserError(f"{run_dir}: no checkpoint of model {model!r}" +
                         (f" (models with checkpoints: {', '.join(known)})" if known else
                          " (a learner writes one every checkpoint_every steps and at the end of training)"))
-    return folders[-1].parent
+    return folder
 
 
 def export(run_dir: str | Path, model: str, out: str | Path) -> dict:

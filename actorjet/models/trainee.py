@@ -21,21 +21,12 @@ from actorjet.models import checkpoint_retention, checkpoint_write, trainable
 from actorjet.rl import critic, lora, ranks
 
 
-def newest_checkpoint(folder: Path) -> tuple[Path, int] | None:
-    """(the newest complete checkpoint under ``folder``, its step), or None.  A checkpoint is
-    complete once its state.json exists (models/checkpoint_write.py writes it last)."""
-    done = sorted(folder.glob("step_*/state.json"))
-    if not done:
-        return None
-    return done[-1].parent, json.loads(done[-1].read_text())["step"]
-
-
 class Trainee:
     def __init__(self, cfg: dict, algo, checkpoints: Path):
         """Built from the newest checkpoint in ``checkpoints`` (this model's folder) if any."""
         self.cfg, self.checkpoints = cfg, checkpoints
-        newest = newest_checkpoint(checkpoints)
-        folder, self.resumed_step = newest if newest else (None, None)
+        folder = checkpoint_write.newest(checkpoints)
+        self.resumed_step = json.loads((folder / "state.json").read_text())["step"] if folder else None
         # with LoRA, ``peft`` is the peft wrapper (saving, merging) and ``model`` its base
         self.model, self.peft = trainable.build(cfg, folder)
         self.optimizer = trainable.optimizer(self.model, cfg, folder)
