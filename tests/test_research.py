@@ -136,10 +136,10 @@ def test_plan_counts_trials_refuses_a_small_budget_and_a_directory_of_another_sp
     assert plan["trials_at_most"] == 3 + 6 + 6 + 2
     with pytest.raises(UserError, match="needs up to 17 trials but budget.max_trials is 10"):
         check_budget(dict(spec, budget=dict(spec["budget"], max_trials=10)), plan)
-    assert StudyRegistry(tmp_path).bind(spec) is True and StudyRegistry(tmp_path).bind(spec) is False
+    assert StudyRegistry(tmp_path).bind(spec, plan) is True and StudyRegistry(tmp_path).bind(spec, plan) is False
     other = check_study(study(question="another question"), "t.toml")
     with pytest.raises(UserError, match="holds a study of another spec"):
-        StudyRegistry(tmp_path).bind(other)
+        StudyRegistry(tmp_path).bind(other, plan)
     (tmp_path / "bad.toml").write_text('question = "q"\nbase_job = "nowhere.toml"\n[knobs."train.steps"]\nchoice = [1]\n')
     out = subprocess.run([sys.executable, "-m", "actorjet.cli.main", "research", "plan", str(tmp_path / "bad.toml")],
                          capture_output=True, text=True, cwd=REPO, timeout=60)

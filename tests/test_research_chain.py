@@ -89,6 +89,35 @@ def test_a_chain_directory_is_tied_to_its_first_study(tmp_path):
         reg.start(as_data(check_study(study(question="another?"), "s")), 1)
 
 
+def test_a_study_is_bound_and_a_link_finished_whole_or_not_at_all(tmp_path):
+    """A crash between two statements of one record (a sqlite trigger aborts the second, as a
+    SIGKILL would stop it) leaves the record unwritten, never half: a study bound without its
+    start time could not resume (CI saw it: the resumed chain died on ``None + max_wall_s``)."""
+    from actorjet.research.plan import make_plan
+    from actorjet.research.study_db import StudyRegistry
+
+    spec = check_study(study(), "s")
+    db = sqlite3.connect(tmp_path / "study.sqlite")
+    db.executescript("CREATE TABLE study (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+                     "CREATE TRIGGER killed BEFORE INSERT ON study WHEN NEW.key = 'started' "
+                     "BEGIN SELECT RAISE(ABORT, 'killed here'); END;")
+    db.close()
+    with pytest.raises(sqlite3.IntegrityError, match="killed here"):
+        StudyRegistry(tmp_path).bind(spec, make_plan(spec))
+    reg = StudyRegistry(tmp_path)
+    assert reg.db.execute("SELECT key FROM study").fetchall() == []   # nothing of the study was kept
+    reg.db.execute("DROP TRIGGER killed")
+    assert reg.bind(spec, make_plan(spec)) is True and reg.get("started") is not None  # the next run binds it whole
+
+    chain = ChainRegistry(tmp_path / "chain")
+    chain.start(as_data(spec), 1)
+    chain.db.execute("CREATE TRIGGER killed BEFORE INSERT ON links WHEN NEW.n = 1 "
+                     "BEGIN SELECT RAISE(ABORT, 'killed here'); END")
+    with pytest.raises(sqlite3.IntegrityError, match="killed here"):
+        chain.finish(0, found(), as_data(spec), "next")
+    assert [(l["n"], l["state"]) for l in chain.links()] == [(0, "queued")]   # not done without its successor
+
+
 NEXT = {"question": "Does group size matter once lr is chosen?", "knobs": {"train.group_size": {"choice": [4, 2]}},
         "explore_trials": 2, "why": "lr settled; the group size sets the baseline's noise"}
 

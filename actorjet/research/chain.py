@@ -20,7 +20,7 @@ from typing import Callable
 
 from actorjet.errors import UserError
 from actorjet.research import follow_up
-from actorjet.research.study_db import StudyRegistry
+from actorjet.research.study_db import StudyRegistry, transaction
 from actorjet.research.study_spec import check_study
 
 SCHEMA = """
@@ -42,7 +42,7 @@ class ChainRegistry:
         """Link 0 is the study asked; a directory holding a chain of another first study is refused."""
         row = self.db.execute("SELECT spec FROM links WHERE n = 0").fetchone()
         if row is None:
-            with self.db:
+            with transaction(self.db):
                 self.db.execute("INSERT INTO links (n, question, spec, why) VALUES (0, ?, ?, ?)",
                                 (first["question"], json.dumps(first), "the question asked"))
         elif check_study(json.loads(row[0]), "chain")["hash"] != check_study(first, "chain")["hash"]:
@@ -57,7 +57,7 @@ class ChainRegistry:
 
     def finish(self, n: int, found: dict, next_spec: dict | None, why: str) -> None:
         """Study ``n`` ended with ``found``; the next one (or why the chain stops), at once."""
-        with self.db:
+        with transaction(self.db):
             self.db.execute("UPDATE links SET state = 'done', found = ? WHERE n = ?", (json.dumps(found), n))
             if next_spec is not None:
                 self.db.execute("INSERT OR IGNORE INTO links (n, question, spec, why) VALUES (?, ?, ?, ?)",
@@ -70,7 +70,7 @@ class ChainRegistry:
         return json.loads(row[0]) if row else default
 
     def put(self, key: str, value) -> None:
-        with self.db:
+        with transaction(self.db):
             self.db.execute("INSERT OR REPLACE INTO chain VALUES (?, ?)", (key, json.dumps(value)))
 
 

@@ -43,8 +43,7 @@ class Controller:
     def __init__(self, study: dict, study_dir: str | Path, say=print, launcher=None):
         self.study, self.dir, self.say = study, Path(study_dir), say
         self.reg = StudyRegistry(self.dir)
-        if self.reg.bind(study):
-            self.reg.put("plan", planning.make_plan(study))
+        self.reg.bind(study, planning.make_plan(study))
         self.plan = self.reg.get("plan")
         self.deadline = self.reg.get("started") + study["budget"]["max_wall_s"]
         self.launcher = launcher or LocalTrials(study, self.dir)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from actorjet.errors import UserError
@@ -41,6 +42,21 @@ CREATE TABLE IF NOT EXISTS decisions (id INTEGER PRIMARY KEY, stage TEXT, text T
 """
 
 
+@contextmanager
+def transaction(db: sqlite3.Connection):
+    """BEGIN IMMEDIATE … COMMIT, ROLLBACK on error.  The registries open their connection in
+    autocommit (``isolation_level=None``), where ``with db:`` begins nothing: each statement
+    would commit on its own, and a SIGKILL between two of them leaves half a record (a study
+    bound without its start time, a study done without the next question)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 def config_hash(job: dict) -> str:
     return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -53,14 +69,16 @@ class StudyRegistry:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(SCHEMA)
 
-    def bind(self, study: dict) -> bool:
-        """Tie the directory to one spec: True if it is new, UserError if it holds another."""
+    def bind(self, study: dict, plan: dict) -> bool:
+        """Tie the directory to one spec and its plan, in one transaction: True if it is new,
+        UserError if it holds another."""
         row = self.db.execute("SELECT value FROM study WHERE key = 'hash'").fetchone()
         if row is None:
-            with self.db:
+            with transaction(self.db):
                 self.db.execute("INSERT INTO study VALUES ('hash', ?)", (study["hash"],))
                 self.db.execute("INSERT INTO study VALUES ('spec', ?)", (json.dumps(study),))
                 self.db.execute("INSERT INTO study VALUES ('started', ?)", (json.dumps(time.time()),))
+                self.db.execute("INSERT INTO study VALUES ('plan', ?)", (json.dumps(plan),))
             return True
         if row[0] != study["hash"]:
             raise UserError(f"{self.dir} holds a study of another spec (hash {row[0]}, this one {study['hash']}): "
@@ -72,12 +90,12 @@ class StudyRegistry:
         return json.loads(row[0]) if row else default
 
     def put(self, key: str, value) -> None:
-        with self.db:
+        with transaction(self.db):
             self.db.execute("INSERT OR REPLACE INTO study VALUES (?, ?)", (key, json.dumps(value)))
 
     def add_trial(self, stage: str, arm: str, seed: int, params: dict, job: dict, optuna: int | None = None) -> int:
         """A planned trial (idempotent: the same stage, arm and seed is the same trial)."""
-        with self.db:
+        with transaction(self.db):
             self.db.execute("INSERT OR IGNORE INTO trials (stage, arm, seed, params, job, config_hash, optuna) "
                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (stage, arm, seed, json.dumps(params), json.dumps(job),
                                                             config_hash(job), optuna))
@@ -103,12 +121,12 @@ class StudyRegistry:
         for key in ("params", "job", "evals"):
             if key in fields:
                 fields[key] = json.dumps(fields[key])
-        with self.db:
+        with transaction(self.db):
             self.db.execute(f"UPDATE trials SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?",
                             (*fields.values(), trial_id))
 
     def decide(self, stage: str, text: str, evidence: dict) -> None:
-        with self.db:
+        with transaction(self.db):
             self.db.execute("INSERT INTO decisions (stage, text, evidence, at) VALUES (?, ?, ?, ?)",
                             (stage, text, json.dumps(evidence), time.time()))
 
