@@ -1,6 +1,6 @@
 """Cocktail benchmark: does a crashing task hurt a healthy one?  Are the weights kept?
 
-    python bench/cocktail.py [--window 40]
+    python bench/cocktail.py [--window 40] [--groups 8]
 
 Runs of tiny-arith with 2 local runners (isolation = "process", mix = "fill"):
   alone      the healthy task only
@@ -44,7 +44,7 @@ eval_every = 1000
 {tasks}
 [train]
 group_size = 8
-groups_per_step = 8
+groups_per_step = {groups}
 steps = 100000
 runner_concurrency = 16
 isolation = "{isolation}"
@@ -54,11 +54,11 @@ HEALTHY = ("healthy", "actorjet_agents.arithmetic:behavior")
 CRASHY = ("crashy", "actorjet_agents.flaky_arithmetic:behavior")
 
 
-def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: float) -> dict:
+def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: float, groups: int) -> dict:
     swarm = Swarm(tmp / label)
     job = tmp / f"{label}.toml"
     job.write_text(JOB.format(tasks="".join(TASK.format(name=n, behavior=b, weight=w) for n, b, w in tasks),
-                              isolation=isolation, mix=mix))
+                              isolation=isolation, mix=mix, groups=groups))
     try:
         head, port, _ = swarm.head(tmp / label / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
                                    extra=["--config", str(job)])
@@ -86,7 +86,7 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
                               "GROUP BY task_name").fetchall()
             total = sum(n for _, n in rows)
             out["trained_groups"] = dict(rows)
-            out["trained_episodes"] = total * 8
+            out["trained_episodes"] = total * 8          # group_size
             out["shares"] = {t: n / total for t, n in rows}
         return out
     finally:
@@ -95,15 +95,18 @@ def run(tmp: Path, label: str, tasks: list, isolation: str, mix: str, window: fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--window", type=float, default=40.0)
-    args = parse(ap, {"window": 2.0})
+    ap.add_argument("--window", type=float, default=40.0, help="seconds each run is measured over (default 40)")
+    ap.add_argument("--groups", type=int, default=8, help="groups of 8 episodes per learner step (default 8)")
+    args = parse(ap, {"window": 2.0, "groups": 2})
+    if args.window <= 0 or args.groups < 1:
+        ap.error("--window must be positive and --groups at least 1")
     os.environ.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="0", AJ_FLAKY_EXIT="0.1")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        alone = run(tmp, "alone", [(*HEALTHY, 1.0)], "process", "fill", args.window)
-        cocktail = run(tmp, "cocktail", [(*HEALTHY, 1.0), (*CRASHY, 1.0)], "process", "fill", args.window)
-        threads = run(tmp, "threads", [(*HEALTHY, 1.0), (*CRASHY, 1.0)], "thread", "fill", args.window)
-        mix = run(tmp, "mix", [(*HEALTHY, 3.0), ("minor", HEALTHY[1], 1.0)], "process", "strict", args.window)
+        alone = run(tmp, "alone", [(*HEALTHY, 1.0)], "process", "fill", args.window, args.groups)
+        cocktail = run(tmp, "cocktail", [(*HEALTHY, 1.0), (*CRASHY, 1.0)], "process", "fill", args.window, args.groups)
+        threads = run(tmp, "threads", [(*HEALTHY, 1.0), (*CRASHY, 1.0)], "thread", "fill", args.window, args.groups)
+        mix = run(tmp, "mix", [(*HEALTHY, 3.0), ("minor", HEALTHY[1], 1.0)], "process", "strict", args.window, args.groups)
     ratio = cocktail["healthy"]["episodes_per_s"] / alone["healthy"]["episodes_per_s"]
     rows = [("healthy alone", f"{alone['healthy']['episodes_per_s']:.1f} ep/s", "-"),
             ("healthy next to a crashing task (process isolation)",

@@ -96,6 +96,21 @@ def test_task_quotas_are_exact_and_a_stalled_task_is_filled_only_after_fill_afte
     assert {t: v["groups"] for t, v in batch["stats"]["by_task"].items()} == {"a": 2, "b": 2}
 
 
+def test_a_batch_smaller_than_the_weights_resolution_keeps_the_mix_over_steps(tmp_path):
+    """2 groups a step at 3:1 rounds to 2 + 0: without the carried debt the minor task never trains."""
+    store = EpisodeStore(tmp_path / "s.sqlite")
+    for i in range(8):
+        finish(store, f"major{i}", [0.0, 1.0], task="major")
+        finish(store, f"minor{i}", [0.0, 1.0], task="minor")
+    cfg = BatchConfig("policy", 2, weights={"major": 3.0, "minor": 1.0}, mix="strict")
+    trained = {"major": 0, "minor": 0}
+    for _ in range(4):
+        for task, v in next_batch(store, cfg)["stats"]["by_task"].items():
+            trained[task] += v["groups"]
+    assert trained == {"major": 6, "minor": 2}
+    assert max(abs(d) for d in cfg.owed.values()) <= 1.0
+
+
 def test_the_store_judges_groups_and_tells_each_complete_one_once(tmp_path):
     """store/completed.py: what the gateway sends the head (groups.jsonl, the learner's backlog)."""
     from actorjet.store import completed

@@ -25,14 +25,36 @@ from actorjet.rl.algorithms import GROUP_ESTIMATORS, Algorithm, episode_advantag
 from actorjet.rl.rewards import bad_reward, is_per_turn, reward_for, total
 
 
-def apportion(total: int, weights: dict[str, float]) -> dict[str, int]:
-    """Split ``total`` by ``weights`` into integers (largest remainders): 16 at 3:1 → 12 + 4."""
-    w = sum(weights.values())
-    exact = {k: total * v / w for k, v in weights.items()}
+def apportion(total: int, weights: dict[str, float], owed: dict[str, float] | None = None) -> dict[str, int]:
+    """Split ``total`` by ``weights`` into integers (largest remainders): 16 at 3:1 → 12 + 4.
+    ``owed``: what rounding left each task short of (or over) its share in earlier batches.
+    Without it a batch smaller than the weights' resolution starves the minor task for good
+    (2 groups at 3:1 rounds to 2 + 0 every step); with it the steps go 2 + 0, 1 + 1, … = 3:1."""
+    exact = _shares(total, weights, owed)
     out = {k: int(x) for k, x in exact.items()}
     for k in sorted(exact, key=lambda k: exact[k] - out[k], reverse=True)[:total - sum(out.values())]:
         out[k] += 1
     return out
+
+
+def _shares(total: int, weights: dict[str, float], owed: dict[str, float] | None) -> dict[str, float]:
+    """Each task's exact (fractional) share of ``total``, debts included, summing to ``total``."""
+    w = sum(weights.values())
+    exact = {k: max(0.0, total * v / w + (owed or {}).get(k, 0.0)) for k, v in weights.items()}
+    scale = total / (sum(exact.values()) or 1.0)        # a clamped debt must not change the total
+    return {k: x * scale for k, x in exact.items()}
+
+
+def settle(cfg: "BatchConfig", groups: list[dict]) -> None:
+    """Carry each task's rounding debt to the next batch (see apportion).  A debt is at most
+    one group either way: a task that stalled while the others filled its share owes nothing
+    for the time it was away."""
+    exact = _shares(cfg.groups, cfg.weights, cfg.owed)
+    taken = {t: 0 for t in cfg.weights}
+    for g in groups:
+        if g["task_name"] in taken:
+            taken[g["task_name"]] += 1
+    cfg.owed = {t: min(1.0, max(-1.0, exact[t] - taken[t])) for t in cfg.weights}
 
 
 def merge_mode(model_cfg: dict) -> str:
@@ -136,6 +158,7 @@ class BatchConfig:
     prepare: Callable[[list], dict] | None = None  # tokenizer-level repairs before packing → their counts
     algo: Algorithm = Algorithm()                 # the estimator, and dynamic sampling (rl/algorithms.py)
     scanned: int = -1                             # dynamic sampling: pending groups when a refill last fell short
+    owed: dict = field(default_factory=dict)      # task → rounding debt carried between batches (settle)
 
 
 def batch_config(model: str, cfg: dict, train: dict, prepare: Callable | None = None) -> BatchConfig:
@@ -155,7 +178,7 @@ def compose(store, cfg: BatchConfig, now: float | None = None) -> dict[str, int]
         return None
     if len(cfg.weights) <= 1:
         return {}
-    quota = apportion(cfg.groups, cfg.weights)
+    quota = apportion(cfg.groups, cfg.weights, cfg.owed)
     short = [t for t, q in quota.items() if pending.get(t, (0, 0))[0] < q]
     if short:
         now = time.time() if now is None else now
@@ -242,6 +265,8 @@ def next_batch(store, cfg: BatchConfig) -> dict | None:
             return None
         groups, filtered = kept
     ids = [g["group_id"] for g in groups + filtered]
+    if len(cfg.weights) > 1:
+        settle(cfg, groups + filtered)
     try:
         return build(groups, cfg, filtered)
     except Exception as e:  # noqa: BLE001 - judged group by group below
