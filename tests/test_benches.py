@@ -122,6 +122,7 @@ def test_the_bench_runs_at_its_smoke_size(name, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long(minutes=2)
+@pytest.mark.timeout(900)     # ~160 CPU-s: past the default 300 s of wall when it shares two slow cores
 def test_the_gpu_check_runs_every_step_on_the_cpu_at_tiny_shapes(tmp_path):
     """bench/gpu_check.sh --dry-run: every step the GPU machine will run, here at tiny shapes,
     so the script is known to work before device time is spent on it (issue 49).  Its
