@@ -70,8 +70,15 @@ def pytest_collection_modifyitems(config, items):
     """Tests marked ``long(minutes=N)`` start first, the longest first.  xdist hands tests to
     its workers in this order, round robin at the start, and the five-minute soak handed out
     near the end (test_soak.py sorts late) was a suite that waited minutes for it with its
-    other workers idle."""
+    other workers idle.
+
+    A long test without a timeout of its own gets 600 s instead of setup.cfg's 300: three
+    workers share two cores, so a test of N minutes alone takes ~1.5 N in the suite, and up to
+    3 N on a slower 2-core machine (test_team's 3-minute test took 258 s of its 300 on one)."""
     def minutes(item) -> float:
         mark = item.get_closest_marker("long")
         return mark.kwargs.get("minutes", 1) if mark is not None else 0
     items.sort(key=lambda item: -minutes(item))
+    for item in items:
+        if minutes(item) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(600))
