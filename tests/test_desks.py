@@ -238,3 +238,24 @@ def test_counters_change_one_way_through_their_methods():
     for path in Path(registry.__file__).parent.glob("*.py"):
         if path.name != "counters.py":
             assert not re.search(r"counters\.\w+(\[[^\]]*\])?\s*([-+*]?=)(?!=)", path.read_text()), path.name
+
+
+def test_an_unanswered_node_is_pinged_at_doubling_gaps_and_an_answering_one_every_beat():
+    """A node that drops packets silently holds a pending TCP connect per Ping for ~2 minutes,
+    and thespian holds all of the registry's sends once 20 are pending: pinged every beat, an
+    outbound-only laptop muted the registry's Leases to the door (a suite run stopped at step 6)."""
+    from actorjet.registry.nodes import NodeTable
+
+    table = NodeTable("t", node_timeout_s=6.0)
+    silent = table.admit({"node_id": "n1", "name": "laptop", "slots": 1}, "1.1")
+    healthy = table.admit({"node_id": "n2", "name": "server", "slots": 1}, "1.2")
+    silent.link = healthy.link = object()
+    pinged = {"laptop": [], "server": []}
+    for beat in range(130):                         # ~2 minutes of 1-second heartbeats
+        for node in table.to_ping(1.0, now=float(beat)):
+            pinged[node.name].append(beat)
+        table.seen(healthy.node_id)                 # the server answers every Ping
+    assert pinged["server"] == list(range(130))
+    assert pinged["laptop"][:5] == [0, 1, 3, 7, 15] and len(pinged["laptop"]) <= 20
+    table.seen(silent.node_id)                      # back: pinged at the next beat again
+    assert silent in table.to_ping(1.0, now=130.0)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 import threading
+import time
 
 import psutil
 import pytest
@@ -130,9 +131,17 @@ def test_a_node_that_only_connects_out_trains_through_the_door(swarm, network, t
     assert member.wait_exit(60) != 0
     assert "--outbound" in member.output, member.output
 
+    # The head admitted that member and cannot reach it: packets to the laptop are dropped, so
+    # each Ping is a TCP connect pending ~2 minutes.  Pinged every beat, 20 of them held every
+    # send of the registry (thespian's pending-transmit limit) and training stopped: wait
+    # that long before the outbound node comes (registry/nodes.py PING_GAP_MAX_S).
+    time.sleep(30)
     node = swarm.outbound(door, token, "laptop", slots=2, host=laptop)
     status = lambda: swarm.ctl(head, "status", port)  # noqa: E731
-    wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="12 learner steps via the door")
+    try:
+        wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="12 learner steps via the door")
+    except AssertionError as e:       # say what the node was doing (a suite run once stopped at step 6)
+        raise AssertionError(f"{e}\n--- the outbound node said:\n{node.output[-4000:]}") from None
     data = status()
     assert data["models"][0]["learner_step"] == 12
     assert data["runners"] == []                     # no thespian runner anywhere: all episodes came through the door

@@ -111,9 +111,8 @@ class Registry(ManagedActor):
                 log.warning("registry: heartbeat %.1f s late (a starved head?); node timeouts extended by it", late)
                 self.table.excuse(late)
             self.next_beat = time.monotonic() + self.heartbeat_s
-            for node in self.table.nodes.values():
-                if node.link is not None:          # lost nodes too: they may come back
-                    self.send(node.link, m.Ping())
+            for node in self.table.to_ping(self.heartbeat_s):
+                self.send(node.link, m.Ping())
             for node in self.table.overdue():
                 self._lost(node.node_id, f"no heartbeat for {self.table.node_timeout_s:g} s")
             self._send_all(self.desk.tick())

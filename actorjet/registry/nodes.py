@@ -10,6 +10,13 @@ from dataclasses import dataclass, field
 
 from actorjet.signing import node_auth, same
 
+# An unanswered node is pinged less and less often, up to this gap.  A ping to a host that
+# drops packets silently (a cut, a firewall, an outbound-only laptop) is a TCP connect that
+# stays pending ~2 minutes, and thespian holds every send of the registry once 20 transmits are
+# pending: pinged every beat, one such node muted the registry (its Leases to the door) within
+# 20 s.  Backed off, it holds ~15 at most; an answering node is still pinged every beat.
+PING_GAP_MAX_S = 8.0
+
 
 @dataclass
 class Node:
@@ -29,6 +36,8 @@ class Node:
     rejected_frames: int = 0       # actor frames that node dropped unauthenticated (runtime/frames.py)
     load: dict = field(default_factory=dict)   # cpu_percent, memory_percent (runtime/load.py)
     trial_host: object = None      # its TrialHost actor, once a trial was placed there
+    ping_at: float = 0.0           # monotonic time of its next Ping (NodeTable.to_ping)
+    ping_gap: float = 0.0          # grows while Pings go unanswered, back to one beat on a Pong
 
     def public(self) -> dict:
         return {"node_id": self.node_id, "name": self.name, "alive": self.alive,
@@ -66,6 +75,18 @@ class NodeTable:
         node = self.nodes.get(node_id)
         if node is not None:
             node.last_seen = time.monotonic()
+            node.ping_at, node.ping_gap = 0.0, 0.0
+
+    def to_ping(self, beat_s: float, now: float | None = None) -> list[Node]:
+        """The nodes to ping at this heartbeat: every node with a link (lost ones too: they may
+        come back) whose Pings are answered, and an unanswered one at doubling gaps up to
+        PING_GAP_MAX_S (see there)."""
+        now = time.monotonic() if now is None else now
+        due = [n for n in self.nodes.values() if n.link is not None and n.ping_at <= now]
+        for n in due:
+            n.ping_gap = min(PING_GAP_MAX_S, max(beat_s, 2 * n.ping_gap))
+            n.ping_at = now + n.ping_gap - beat_s / 2       # (half a beat: a beat is never exact)
+        return due
 
     def mark_lost(self, node_id: str, reason: str) -> Node | None:
         node = self.nodes.get(node_id)
