@@ -27,10 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from statistics import mean, pstdev
-
-import torch
+from typing import TYPE_CHECKING
 
 from actorjet.errors import UserError
+
+if TYPE_CHECKING:             # no torch at import: the gateway and the store batch without it
+    import torch
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "ppo")
 LOSS_AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
@@ -148,5 +150,5 @@ def kl_estimate(new: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.T
         return log_ratio
     if estimator == "k2":
         return 0.5 * log_ratio ** 2
-    return torch.exp(-log_ratio) + log_ratio - 1
+    return (-log_ratio).exp() + log_ratio - 1
 
