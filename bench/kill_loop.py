@@ -45,6 +45,8 @@ def main() -> int:
                     print(f"{target:8s} run {i + 1:2d}/{args.runs}: killed at {when} "
                           f"(learner at step {out['killed_at_step']}), final step {out['final_step']}, "
                           f"{out['seconds_to_finish']} s to finish {out['error']}", flush=True)
+                    if out.get("evidence"):
+                        print(out["evidence"], flush=True)
         finally:
             swarm.cleanup()
     rows, totals = [], {}

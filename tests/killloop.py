@@ -82,6 +82,7 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
         out["reached_final_step"] = out["final_step"] == steps
     except Exception as e:  # noqa: BLE001 - a failed run is a figure, not a crash of the loop
         out["error"] = f"{type(e).__name__}: {e}"[:300]
+        out["evidence"] = evidence(status, run_dir)
     finally:
         swarm.cleanup()
         swarm.procs.clear()
@@ -92,3 +93,19 @@ def kill_run(swarm: Swarm, tmp: Path, target: str, rng: random.Random, steps: in
         out["threads_crashed_loudly"] += len(re.findall(r"thread \S+ of pid \d+ died", text))
     out["wall_s"] = round(time.time() - started, 1)
     return out
+
+
+def evidence(status, run_dir: Path) -> str:
+    """What a failed run leaves to explain it (the run directory is deleted after): the
+    head's last word on the learner, and the tail of the actors' log."""
+    try:
+        s = status()
+        facts = {k: s.get(k) for k in ("training_finished", "restarts", "stalls_detected", "waiting")}
+        facts["models"] = [{k: v for k, v in mm.items() if k in ("learner_step", "weight_version", "consumed")}
+                           for mm in s.get("models", [])]
+    except Exception as e:  # noqa: BLE001 - the head itself may be the problem
+        facts = {"status": f"{type(e).__name__}: {e}"}
+    logs = sorted(run_dir.rglob("actors.log"))
+    tail = "".join(log.read_text(errors="replace")[-2500:] for log in logs)
+    return f"status: {facts}\nactors.log tail:\n{tail}"
+
