@@ -259,3 +259,19 @@ def test_an_unanswered_node_is_pinged_at_doubling_gaps_and_an_answering_one_ever
     assert pinged["laptop"][:5] == [0, 1, 3, 7, 15] and len(pinged["laptop"]) <= 20
     table.seen(silent.node_id)                      # back: pinged at the next beat again
     assert silent in table.to_ping(1.0, now=130.0)
+
+
+def test_a_restarted_learners_old_incarnation_gets_no_more_directories():
+    """Every Directory went to every address that ever subscribed: after restarts, to dead
+    actors too, and to one on a lost node each send is a TCP connect pending for minutes."""
+    desk = make_desk()
+    desk.subscribe("learner")
+    desk.on_ServiceUp(m.ServiceUp("policy", "learner", None, "learner-2"), None)    # restarted
+    desk.subscribe("learner-2")
+    sent_to = [to for to, msg in desk.on_ServiceUp(m.ServiceUp("policy", "engine", "http://e2", "engine-2"), None)
+               if isinstance(msg, m.Directory)]
+    assert sent_to == ["learner-2"]
+    # an address that still serves another kind (a learner's "ranks") keeps its directory
+    desk.on_ServiceUp(m.ServiceUp("policy", "ranks", "http://r", "learner-2"), None)
+    desk.on_ServiceUp(m.ServiceUp("policy", "learner", None, "learner-3"), None)
+    assert desk.subscribers == ["learner-2"]

@@ -100,7 +100,10 @@ class EpisodeDesk:
 
     # -- directory ----------------------------------------------------------------------
     def on_ServiceUp(self, msg: m.ServiceUp, sender) -> Out:
+        before = self.services.get(msg.model, {}).get(msg.kind, {}).get("address")
         self.services.setdefault(msg.model, {})[msg.kind] = {"url": msg.url, "address": msg.address}
+        if before is not None and before != msg.address:
+            self._forget_subscriber(before)
         self.supervised[(msg.model, msg.kind)] = (msg.supervisor, msg.child_id, msg.pid)
         if msg.kind == "learner":
             self.learners.learner_up(msg.model)
@@ -110,6 +113,14 @@ class EpisodeDesk:
         if sender not in self.subscribers:
             self.subscribers.append(sender)
         return [(sender, m.Directory(self.services, self.task_table()))]
+
+    def _forget_subscriber(self, address) -> None:
+        """A restarted actor's old incarnation gets no more directories.  Sends to a dead
+        address are not free: on a lost node each one is a TCP connect left pending for
+        minutes, and thespian holds all of the registry's sends once 20 are pending."""
+        serving = any(s.get("address") == address for kinds in self.services.values() for s in kinds.values())
+        if not serving and address in self.subscribers:
+            self.subscribers.remove(address)
 
     def _publish(self) -> Out:
         return [(sub, m.Directory(self.services, self.task_table())) for sub in self.subscribers]
