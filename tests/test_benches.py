@@ -113,7 +113,7 @@ def test_the_bench_runs_at_its_smoke_size(name, tmp_path):
         left = _started_by(work)
         for p in left:
             p.kill()
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]     # (a failed kill run prints its evidence)
     assert not left, f"bench/{name}.py left {[' '.join(p.cmdline()[:4]) for p in left]}"
     file, check = SMOKES[name]
     data = json.loads((results / f"{file}.json").read_text())

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from actorjet.errors import UserError
 
-if TYPE_CHECKING:             # no torch at import: the gateway and the store batch without it
+if TYPE_CHECKING:             # no torch at import: rl/batching.py and the store load without it
     import torch
 
 ALGORITHMS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "ppo")
