@@ -275,3 +275,37 @@ def test_a_restarted_learners_old_incarnation_gets_no_more_directories():
     desk.on_ServiceUp(m.ServiceUp("policy", "ranks", "http://r", "learner-2"), None)
     desk.on_ServiceUp(m.ServiceUp("policy", "learner", None, "learner-3"), None)
     assert desk.subscribers == ["learner-2"]
+
+
+def test_steps_a_restarted_learner_trains_again_are_consumed_once():
+    """A learner trained steps 1–4, checkpointed at step 2 and was killed: its successor rewinds
+    the store to step 2 (Resumed) and trains steps 3 and 4 again on the same groups.  Counted
+    twice, those groups would widen the lease window (groups issued less groups consumed: the
+    staleness bound) for good, by more at every restart.  A rewind that no Resumed reported
+    (a learner that had no checkpoint yet) is caught by the step trained again."""
+    def leasable(desk) -> int:
+        """Lease (and finish) groups until the desk says no: its room right now."""
+        n = 0
+        while isinstance((reply := desk.on_LeaseRequest(proto.LeaseRequest("r", 1, {"t": 1}), "addr-r")[0][1]),
+                         proto.Leases):
+            for one in reply.leases:
+                desk.on_GroupResult(result(one), "r")
+            n += len(reply.leases)
+        return n
+
+    def trained(desk, step):
+        desk.handlers()[proto.Trained](proto.Trained("policy", step, step, 2, tasks={"t": 2}), "learner")
+
+    restarted, unrestarted = make_desk(), make_desk()
+    for desk in (restarted, unrestarted):
+        for step in (1, 2, 3, 4):
+            assert leasable(desk) > 0
+            trained(desk, step)
+    restarted.handlers()[proto.Resumed](proto.Resumed("policy", 2, 2, 4), "learner")
+    assert restarted.learners.consumed(["t"]) == {"t": 4}            # steps 3 and 4 are pending again
+    trained(restarted, 3)
+    trained(restarted, 4)
+    assert restarted.learners.consumed(["t"]) == unrestarted.learners.consumed(["t"]) == {"t": 8}
+    trained(restarted, 4)                                            # again, with no Resumed before it
+    assert restarted.learners.consumed(["t"]) == {"t": 8}
+    assert leasable(restarted) == leasable(unrestarted) > 0

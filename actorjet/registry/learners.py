@@ -25,6 +25,7 @@ from actorjet.registry.group_log import GroupLog
 from actorjet.runtime import messages as m
 
 RECENT_STEPS = 60         # learner steps per model kept for status / `actorjet top`
+REWIND_STEPS = 10_000     # steps per model whose groups a learner's rewind can take back (see on_Resumed)
 RECENT_KEYS = ("step", "time", "reward_mean", "batch_wait_s", "train_s", "publish_s", "step_time_s",
                "staleness_mean", "tokens", "token_ratio", "by_task", "rank_step_s")
 
@@ -42,6 +43,7 @@ class LearnerDesk:
         self.metrics = metrics.Writer(run_dir) if run_dir else None
         self.group_log = GroupLog(run_dir)           # RUN_DIR/groups.jsonl, from the stores' news
         self.models: dict[str, dict] = {}            # name → {weight_version, learner_step, consumed, …}
+        self.counted: dict[str, dict[int, tuple]] = {}    # model → step → (groups, tasks) counted as consumed
         self.recent: dict[str, deque] = {}           # model → its last train lines
         self.accuracy: dict[str, dict[str, float]] = {}   # model → task → last held-out accuracy
         self.store_counts: dict[str, dict] = {}      # each learner's counts of its episode store
@@ -55,7 +57,7 @@ class LearnerDesk:
             m.Metric: self.on_Metric, proto.Trained: self.on_Trained, proto.Evaluated: self.on_Evaluated,
             proto.StoreNews: self.on_StoreNews,
             proto.StoreCounts: lambda msg, sender: keep_latest(self.store_counts, msg.model, msg.counts),
-            proto.Resumed: lambda msg, sender: keep_latest(self.recovered, msg.model, {**vars(msg), "time": time.time()}),
+            proto.Resumed: self.on_Resumed,
         }
 
     def learner_up(self, model: str) -> None:
@@ -107,16 +109,41 @@ class LearnerDesk:
     def on_Trained(self, msg: proto.Trained, sender) -> Out:
         info = self.models.setdefault(msg.model, {"weight_version": 0, "learner_step": 0, "consumed": 0})
         info.update(weight_version=msg.weight_version, learner_step=msg.step)
-        info["consumed"] += msg.groups
-        for task, n in msg.tasks.items():
-            per_task = info.setdefault("consumed_by_task", {})
-            per_task[task] = per_task.get(task, 0) + n
+        counted = self.counted.setdefault(msg.model, {})
+        if msg.groups:                   # (none: a finished run started again says it is done)
+            if msg.step in counted:      # trained again after a rewind no Resumed told of: counted once
+                self._count(msg.model, counted.pop(msg.step), -1)
+            counted[msg.step] = (msg.groups, dict(msg.tasks))
+            self._count(msg.model, counted[msg.step], +1)
+            while len(counted) > REWIND_STEPS:
+                counted.pop(next(iter(counted)))
         if msg.done and msg.evaluating:      # done training; finished when its last evaluation reports
             info["evaluating_step"] = msg.step
         elif msg.done:
             self.finished = True
         self.record({"kind": "swarm", "model": msg.model, "step": msg.step, **self.swarm_line()})
         return []
+
+    def on_Resumed(self, msg: proto.Resumed, sender) -> Out:
+        """A restarted learner rewound its store to its checkpoint's step: the groups it had
+        trained after it are pending again and will be trained again, so they are no longer
+        consumed.  Left counted, every learner restart would widen the staleness window (the
+        lease desk's room is groups issued less groups consumed) by the steps it lost."""
+        keep_latest(self.recovered, msg.model, {**vars(msg), "time": time.time()})
+        counted = self.counted.get(msg.model, {})
+        for step in [s for s in counted if isinstance(msg.step, int) and s > msg.step]:
+            self._count(msg.model, counted.pop(step), -1)
+        return []
+
+    def _count(self, model: str, step: tuple, sign: int) -> None:
+        """Add one step's groups (``step``: its (groups, tasks)) to the model's consumed counts,
+        or take them out (``sign=-1``)."""
+        groups, tasks = step
+        info = self.models[model]
+        info["consumed"] += sign * groups
+        per_task = info.setdefault("consumed_by_task", {})
+        for task, n in tasks.items():
+            per_task[task] = per_task.get(task, 0) + sign * n
 
     def consumed(self, tasks: list[str]) -> dict[str, int]:
         """Groups trained per task (the slowest model decides)."""
