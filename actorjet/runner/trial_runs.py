@@ -46,6 +46,10 @@ class Run:
     step: int = -1
     evals: list = field(default_factory=list)
     stop_by: float = 0.0         # stopping: the group is killed at this time if still alive
+    follower: metrics.Follower = field(init=False)     # its metrics.jsonl: each poll parses the new lines
+
+    def __post_init__(self):
+        self.follower = metrics.Follower(self.dir)
 
 
 class TrialRuns:
@@ -92,7 +96,7 @@ class TrialRuns:
         ("ended", id, exit code, log tail)."""
         out = []
         for trial_id, run in list(self.runs.items()):
-            rows = metrics.read(run.dir)
+            rows = run.follower.read()
             train = [r["step"] for r in rows if r.get("kind") == "train"]
             evals = [[r["step"], r["accuracy"]] for r in rows if r.get("kind") == "eval"]
             step = train[-1] if train else 0
