@@ -204,3 +204,38 @@ def test_the_metrics_follower_parses_only_new_whole_lines_and_agrees_with_a_full
         f.write('ain", "step": 2}\n[1, 2]\n{not json\n{"kind": "eval", "step": 2}\n')
     assert follower.read() == metrics.read(tmp_path) and len(follower.rows) == 3
     assert follower.read() == metrics.read(tmp_path)                # nothing new: the same rows
+
+
+def test_a_timeline_line_gives_back_every_stage_to_the_millisecond_in_a_third_of_the_bytes():
+    """The step timeline's line holds each stage as milliseconds after one base time: read
+    back (monitor/timeline.py), every stage is within a millisecond of what the store saw,
+    their order is kept, and a line written before (Unix seconds in full) still reads."""
+    import random
+
+    from actorjet.monitor import timeline
+    from actorjet.rl.step import StepTimes, timeline_record
+
+    rng, start = random.Random(0), 1796495124.78961
+    rows = []
+    for g in range(32):
+        complete = start + 0.3 + rng.random()
+        for k in range(8):
+            first = start + rng.random() * 0.2
+            answer = first + rng.random() * 0.1
+            rows.append((f"g1_{g}.{k}", start, first, answer, min(complete, answer + 0.05), complete, complete + 0.1))
+    rows[3] = (rows[3][0], start, None, None, *rows[3][4:])               # a gateway restarted meanwhile
+    times = StepTimes(start=0.0, trained=1.0, published=1.2, done=1.25, wall=start + 2)
+    line = timeline_record("policy", 1, 1, {"timeline": rows, "stats": {"created": start + 1.9}}, times)
+    served = {"kind": "served", "model": "policy", "weight_version": 1, "time": start + 3.5}
+    (step,) = timeline.steps([line, served])
+    stages = ("leased", "first_call", "last_answer", "stored", "complete", "taken")
+    for row, e in zip(rows, step.episodes):
+        for name, t in zip(stages, row[1:]):
+            assert (e[name] is None) if t is None else abs(e[name] - t) <= 0.001, (name, e[name], t)
+    assert timeline.problems(step) == ["g1_0.3: no first_call, last_answer"]
+    full = dict(line, episodes=[[r[0], *(None if t is None else round(t, 4) for t in r[1:])] for r in rows])
+    del full["t0"]
+    assert len(json.dumps(line)) < 0.5 * len(json.dumps(full))
+    (old,) = timeline.steps([full, served])
+    assert all(abs(a[name] - b[name]) <= 0.001 for a, b in zip(old.episodes, step.episodes)
+               for name in stages if a[name] is not None)

@@ -70,7 +70,10 @@ def steps(rows: list[dict]) -> list[Step]:
             seen = served.get((model, version), {})
             episodes = []
             for row in r["episodes"]:
-                e = {"episode_id": row[0], **dict(zip(names, row[1:]))}
+                stages = row[1:]
+                if "t0" in r:          # milliseconds after t0 (lines before it: Unix seconds)
+                    stages = [None if t is None else r["t0"] + t / 1000 for t in stages]
+                e = {"episode_id": row[0], **dict(zip(names, stages))}
                 e.update(trained=r["trained"], served=seen.get("time"))
                 episodes.append(e)
             step = Step(model, r["step"], version, episodes, r["batch_ready"], r["train_start"], r["trained"],
