@@ -309,3 +309,17 @@ def test_steps_a_restarted_learner_trains_again_are_consumed_once():
     trained(restarted, 4)                                            # again, with no Resumed before it
     assert restarted.learners.consumed(["t"]) == {"t": 8}
     assert leasable(restarted) == leasable(unrestarted) > 0
+
+
+def test_a_restarted_supervisor_replaces_its_old_incarnation_as_a_listener_to_node_news():
+    """Node news (NodeUp / NodeLost) went to every address that ever subscribed: a supervisor
+    placed again after its node was lost left its dead self there, and each later send to it
+    is a TCP connect pending for minutes (thespian holds every send once 20 pend)."""
+    from actorjet.registry.nodes import NodeTable
+
+    table = NodeTable(TOKEN, node_timeout_s=6.0)
+    table.listen("root/model.policy", "supervisor-on-node-a")
+    table.listen("root/runners", "runners")
+    table.listen("root/model.policy", "supervisor-on-node-b")       # its node was lost: placed again
+    table.listen("", "an-actor-of-no-path")                          # (keyed by its address instead)
+    assert sorted(table.listeners.values()) == ["an-actor-of-no-path", "runners", "supervisor-on-node-b"]

@@ -39,7 +39,6 @@ class Registry(ManagedActor):
         self.heartbeat_s = float(ctx.get("heartbeat_s", 1.0))
         self.epoch = int(ctx.get("head_epoch", 1))
         self.admissions = 0
-        self.subscribers: list = []
         self.runners: list = []
         self.restarts: dict = {}
         self.actors: dict[str, dict] = {}          # path → where its current incarnation runs
@@ -159,14 +158,13 @@ class Registry(ManagedActor):
         if msg.topic == "directory":
             self._send_all(self.desk.subscribe(sender))
             return
-        if sender not in self.subscribers:
-            self.subscribers.append(sender)
+        self.table.listen(getattr(msg, "path", ""), sender)
         for node in self.table.alive():
             self.send(sender, m.NodeUp(node.node_id, node.name, node.slots, node.admission, node.gpus, node.cpus))
 
     def _publish(self, msg) -> None:
-        for sub in self.subscribers:
-            self.send(sub, msg)
+        for address in self.table.listeners.values():
+            self.send(address, msg)
 
     def receiveMsg_RunnersChanged(self, msg: m.RunnersChanged, sender):
         self.runners = self.desk.runners = msg.runners

@@ -51,6 +51,14 @@ class NodeTable:
         self.token, self.node_timeout_s = token, node_timeout_s
         self.nodes: dict[str, Node] = {}
         self.lost_count = 0
+        self.listeners: dict[str, object] = {}      # who hears NodeUp / NodeLost: its tree path → address
+
+    def listen(self, path: str, address) -> None:
+        """A supervisor that places children hears of every node that comes and goes.  Kept by
+        its path in the tree, so a restarted one (placed again after its node was lost) replaces
+        its old incarnation: a send to a dead actor on a lost node is a TCP connect pending for
+        minutes, and thespian holds every send of the registry once 20 are pending."""
+        self.listeners[path or str(address)] = address
 
     def check(self, caps: dict) -> str:
         """Return '' if ``caps`` may join, else the reason it may not."""

@@ -161,8 +161,10 @@ class Leaving:
 
 @dataclass
 class Subscribe:
-    """Ask the registry for node events (NodeUp / NodeLost)."""
+    """Ask the registry for node events (NodeUp / NodeLost), or for the directory.  ``path``:
+    the subscriber's place in the tree, so a restarted subscriber replaces its old self."""
     topic: str = "nodes"
+    path: str = ""
 
 
 @dataclass

@@ -191,7 +191,7 @@ class Supervisor(ManagedActor):
     # -- placement ----------------------------------------------------------------------
     def _subscribe_nodes(self) -> None:
         if (self.dynamic or any(c.placement for c in self.spec.children)) and self.registry is not None:
-            self.send(self.registry, m.Subscribe("nodes"))
+            self.send(self.registry, m.Subscribe("nodes", self.path))
 
     def _pick_node(self, child: ChildSpec) -> str | None:
         """A live node that matches: its name, its CPUs, and GPUs its other placed children of
