@@ -323,3 +323,5 @@ def test_a_restarted_supervisor_replaces_its_old_incarnation_as_a_listener_to_no
     table.listen("root/model.policy", "supervisor-on-node-b")       # its node was lost: placed again
     table.listen("", "an-actor-of-no-path")                          # (keyed by its address instead)
     assert sorted(table.listeners.values()) == ["an-actor-of-no-path", "runners", "supervisor-on-node-b"]
+    table.listen(["not", "a", "path"], "a-listener-with-a-bad-path")             # keyed by its address, no crash
+    assert table.listeners["a-listener-with-a-bad-path"] == "a-listener-with-a-bad-path"

@@ -131,8 +131,9 @@ class LearnerDesk:
         lease desk's room is groups issued less groups consumed) by the steps it lost."""
         keep_latest(self.recovered, msg.model, {**vars(msg), "time": time.time()})
         counted = self.counted.get(msg.model, {})
-        for step in [s for s in counted if isinstance(msg.step, int) and s > msg.step]:
-            self._count(msg.model, counted.pop(step), -1)
+        if isinstance(msg.step, int):
+            for step in [s for s in counted if s > msg.step]:
+                self._count(msg.model, counted.pop(step), -1)
         return []
 
     def _count(self, model: str, step: tuple, sign: int) -> None:

@@ -58,7 +58,7 @@ class NodeTable:
         its path in the tree, so a restarted one (placed again after its node was lost) replaces
         its old incarnation: a send to a dead actor on a lost node is a TCP connect pending for
         minutes, and thespian holds every send of the registry once 20 are pending."""
-        self.listeners[path or str(address)] = address
+        self.listeners[path if isinstance(path, str) and path else str(address)] = address
 
     def check(self, caps: dict) -> str:
         """Return '' if ``caps`` may join, else the reason it may not."""

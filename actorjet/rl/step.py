@@ -79,13 +79,13 @@ def timeline_record(model: str, step: int, version: int, batch: dict, times: Ste
     each trained episode's stages as the store saw them (leased … taken), then when this step
     trained them, and the learner's own phases.  "Served" is the engine's line for this version."""
     rows = list(batch.get("timeline", ()))
-    t0 = min((t for row in rows for t in row[1:] if t is not None), default=times.wall)
+    t0 = round(min((t for row in rows for t in row[1:] if t is not None), default=times.wall), 3)
     # Stages as whole milliseconds after t0: a step's line is ~12 KB for 256 episodes, not the
     # ~30 KB of Unix times in full (one line per step, kept for good in metrics.jsonl).
     return {"kind": "timeline", "model": model, "step": step, "weight_version": version,
             "stages": ["leased", "first_call", "last_answer", "stored", "complete", "taken"],
-            "t0": round(t0, 3),
-            "episodes": [[row[0], *(None if t is None else round((t - round(t0, 3)) * 1000) for t in row[1:])]
+            "t0": t0,
+            "episodes": [[row[0], *(None if t is None else round((t - t0) * 1000) for t in row[1:])]
                          for row in rows],
             "batch_ready": round(batch["stats"].get("created", times.wall), 4),
             "train_start": round(times.at(times.trained), 4), "trained": round(times.at(times.published), 4),
