@@ -1,8 +1,9 @@
-"""The soak at the suite's scale: bench/soak.py's run (tests/soak.py) for 5 minutes, and the
+"""The soak at the suite's scale: bench/soak.py's run (tests/soak.py) for 3.5 minutes, and the
 hour-long run's growth checks at that scale: no process's memory grows past its warm-up, the
 run directory stays flat, no false node loss, no group lost or doubled.
 
-The five faults (each once, in a shuffled order) fall between two quiet minutes.  The step rate
+The five faults (each once, in a shuffled order, 20 s apart) fall between a quiet first minute
+and a quiet last minute.  The step rate
 of those minutes, per wall-clock second and per CPU-second the swarm spent, is printed, not
 judged: the suite runs three tests at a time on two cores and the neighbours decide both (on
 a fresh clone: +39% and +17% from the first minute to the last, with nothing wrong).  The
@@ -13,14 +14,16 @@ from soak import Soak, verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(600)]
 
-# The hour's proportions: its 10-minute warm-up is a sixth of the run, 50 s of these 300.
-SECONDS, WARMUP_S, WINDOW_S = 300, 50, 60
-FAULT_EVERY_S, FAULTS_FROM_S, FAULTS_UNTIL_S = 25, 110, 220    # faults at 110, 135, 160, 185, 210 s
+# The hour's proportions: its 10-minute warm-up is a sixth of the run, 35 s of these 210.  The
+# last fault (a head restart at worst, back in ~15 s) leaves the last window (165–210 s) quiet.
+# (5 minutes until 2026-12-06: the same checks held, at 60% more of the suite's CPU.)
+SECONDS, WARMUP_S, WINDOW_S = 210, 35, 45
+FAULT_EVERY_S, FAULTS_FROM_S, FAULTS_UNTIL_S = 20, 65, 150    # faults at 65, 85, 105, 125, 145 s
 WALL_CLOCK = "steps per minute"           # printed: the neighbours decide it here
 
 
-@pytest.mark.long(minutes=5)
-def test_five_minutes_with_every_fault_leave_memory_and_disk_flat_and_lose_nothing(swarm, network, tmp_path):
+@pytest.mark.long(minutes=4)
+def test_minutes_with_every_fault_leave_memory_and_disk_flat_and_lose_nothing(swarm, network, tmp_path):
     soak = Soak(swarm, network, tmp_path)
     soak.start()
     soak.run_for(SECONDS, FAULT_EVERY_S, sample_s=3, faults_from_s=FAULTS_FROM_S, faults_until_s=FAULTS_UNTIL_S)
