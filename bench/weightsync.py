@@ -1,6 +1,8 @@
 """What publishing one weight version costs, learner side plus engine side, on SmolLM2-135M.
 
-    python bench/weightsync.py [--repeats 5] [--dir /tmp]
+    python bench/weightsync.py [--repeats 5] [--dir /tmp] [--model smollm2-135m]
+
+(``--smoke`` runs every path on tiny-arith's 4 MB, in seconds, so the bench cannot rot.)
 
   before      what the learner did until 8ad92f6: clone every tensor, ``safetensors.save_file``
               (the whole file built in memory, then written); the engine ``load_file`` +
@@ -188,9 +190,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where run-directory files go (default: a temp dir)")
     ap.add_argument("--no-cross-node", action="store_true", help="skip the push between two network namespaces")
-    args = parse(ap, {"repeats": 1})
+    ap.add_argument("--model", default="smollm2-135m", help="a zoo model or a local directory (default smollm2-135m)")
+    args = parse(ap, {"repeats": 1, "model": "tiny-arith"})
     torch.set_num_threads(1)                     # the learner and the engine each have a core here
-    path = zoo.smollm2()
+    path = zoo.resolve(args.model)
     load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # noqa: E731
     learner, engine = load(), load()
     base = Path(tempfile.mkdtemp(prefix="weightsync-", dir=args.dir))
@@ -227,7 +230,7 @@ def main() -> None:
         print(f"across nodes (two namespaces on veth, {net['bytes'] / 1e6:.0f} MB): raw TCP "
               f"{net['raw_tcp']['MBps']:.0f} MB/s, push {net['push']['MBps']:.0f} MB/s "
               f"({net['push_vs_raw']:.0%} of raw)")
-    write("weightsync", {"model": "SmolLM2-135M-Instruct float32", "repeats": args.repeats, "rows": rows,
+    write("weightsync", {"model": f"{args.model} float32", "repeats": args.repeats, "rows": rows,
                          "memcpy_s": limit, "memcpy_GBps": full_bytes / limit / 1e9,
                          "cross_node": net,
                          "targets": {"full_same_node_s": 0.25, "lora_s": 0.05, "x_memcpy": 3.0,
