@@ -89,3 +89,32 @@ def test_a_sigkilled_front_process_takes_its_whole_actor_system_with_it(swarm, n
         if trial.poll() is None:
             trial.kill()
         trial.wait(10)
+
+
+def test_every_process_of_a_head_signalled_at_once_is_gone_within_five_seconds(swarm, trees, tmp_path):
+    """``pkill``, a service manager or a container stop sends SIGTERM to every process at once:
+    the root supervisor dies with the rest, so the front must not wait out StopTree's 10 s for
+    its answer (it took 11.6 s before runtime/head.py stopped waiting on a root that is gone)."""
+    import signal
+    import time
+
+    import psutil
+
+    from actorjet.runtime.head import attach_root, status as head_status
+    from swarm import REPO, wait_until
+
+    job = (REPO / "agents" / "job.toml").read_text().replace("steps = 150", "steps = 1")
+    (tmp_path / "job.toml").write_text(job)
+    proc, port, _ = swarm.head(tmp_path / "run", str(REPO / "supervisors" / "default.toml"), slots=1,
+                               extra=["--config", str(tmp_path / "job.toml")])
+    wait_until(lambda: head_status(*attach_root(port))["training_finished"], 60, what="the job's one step")
+    procs = system.system_processes(port) + [psutil.Process(proc.popen.pid)]
+    assert len(procs) >= 8, procs           # the front, the admin, the registry, a model's subtree, runners
+    started = time.monotonic()
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    while any(system.still_running(p) for p in procs) and time.monotonic() - started < 15:
+        proc.popen.poll()                   # the front is this test's child: reap it
+        time.sleep(0.05)
+    left = [p.pid for p in procs if system.still_running(p)]
+    assert not left and time.monotonic() - started < 5, (left, time.monotonic() - started)

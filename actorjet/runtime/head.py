@@ -133,6 +133,7 @@ class Head:
         self.given_token = token                 # --token-file / $ACTORJET_TOKEN; else the run's, else new
         self.asys = None
         self.root = None
+        self.root_pid = 0
         self.notes: list[str] = []
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -166,6 +167,7 @@ class Head:
         self.root = self.asys.createActor(Supervisor, globalName=ROOT_NAME)
         reply = self.asys.ask(self.root, m.Init("root", "root", {"spec": self.tree.to_dict()},
                                                 context, None), timeout_s)
+        self.root_pid = reply.pid if isinstance(reply, m.Started) else 0
         if not isinstance(reply, m.Started):
             self.stop()
             raise UserError(f"the supervisor tree did not start within {timeout_s:g} s; "
@@ -196,19 +198,30 @@ class Head:
     def stop(self) -> None:
         """Stop the tree, then the actor system; whatever of it is still running 10 s later
         (thespian gives up on an admin that does not answer its shutdown) is killed, so a
-        head never leaves a daemonized system behind on its port."""
+        head never leaves a daemonized system behind on its port.
+
+        A root that is gone never answers StopTree, so its process ending ends the wait: when
+        a service manager or ``pkill`` signals every process at once, the root dies with the
+        rest, and waiting the full 10 s for it kept the head's front alive 11.6 s after SIGTERM."""
         if self.asys is None:
             return
         procs = system.system_processes(self.port)
         try:
             if self.root is not None:
-                self.asys.ask(self.root, m.StopTree(), 10)
+                system.ask(self.asys, self.root, m.StopTree(), m.Stopped, 10,
+                           give_up=self._root_gone if self.root_pid else None)
         finally:
             self.asys.shutdown()
             self.asys = None
             killed = system.reap(procs, 10.0)
             if killed:
                 self.notes.append(f"killed {killed} actor processes that did not stop")
+
+    def _root_gone(self) -> bool:
+        try:
+            return not system.still_running(psutil.Process(self.root_pid))
+        except psutil.NoSuchProcess:
+            return True
 
     # -- asking the tree ---------------------------------------------------------------
     def lookup(self, path: str, timeout_s: float = 5.0):

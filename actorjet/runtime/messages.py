@@ -24,8 +24,10 @@ class Init:
 
 @dataclass
 class Started:
-    """Reply of the root supervisor to the head process once its children are up."""
+    """Reply of the root supervisor to the head process once its children are up; its pid
+    lets the head stop waiting on a root that is gone (runtime/head.py ``stop``)."""
     path: str
+    pid: int = 0
 
 
 @dataclass

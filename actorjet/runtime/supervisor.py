@@ -101,7 +101,7 @@ class Supervisor(ManagedActor):
         super().receiveMsg_Init(msg, sender)
         if self.supervisor is None:                # the root answers the head process
             self.owner = sender
-            self.send(sender, m.Started(self.path))
+            self.send(sender, m.Started(self.path, os.getpid()))
 
     # -- starting and stopping ------------------------------------------------------------
     def _start(self, child: ChildSpec) -> None:

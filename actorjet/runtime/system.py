@@ -29,6 +29,8 @@ BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
 
 
+GIVE_UP_CHECK_S = 0.2     # how often ``ask`` checks whether to stop waiting
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, for a service that binds it a moment later.  It is drawn below the
     kernel's ephemeral range: a port the kernel handed out and took back there can go straight
@@ -162,8 +164,9 @@ def attach(port: int, token: str | None = None) -> ActorSystem:
     raise result["error"]
 
 
-def ask(asys: ActorSystem, address, message, reply_type: type, timeout_s: float):
-    """``asys.ask`` for a reply of ``reply_type`` (None: none within ``timeout_s``).
+def ask(asys: ActorSystem, address, message, reply_type: type, timeout_s: float, give_up=None):
+    """``asys.ask`` for a reply of ``reply_type`` (None: none within ``timeout_s``, or once
+    ``give_up()``, checked every GIVE_UP_CHECK_S, is true: e.g. the asked actor's process is gone).
 
     An outside process's ask returns the first message that reaches it, and an answer that came
     after its ask timed out reaches the next ask instead: from then on every ask of that process
@@ -174,10 +177,15 @@ def ask(asys: ActorSystem, address, message, reply_type: type, timeout_s: float)
     while (early := asys.listen(0)) is not None:
         aside.append(early)
     deadline = time.monotonic() + timeout_s
-    reply = asys.ask(address, message, timeout_s)
-    while reply is not None and not isinstance(reply, reply_type) and time.monotonic() < deadline:
-        aside.append(reply)
-        reply = asys.listen(max(0.0, deadline - time.monotonic()))
+    wait = (lambda: max(0.0, deadline - time.monotonic())) if give_up is None else \
+        (lambda: min(GIVE_UP_CHECK_S, max(0.0, deadline - time.monotonic())))
+    reply = asys.ask(address, message, wait())
+    while not isinstance(reply, reply_type) and time.monotonic() < deadline:
+        if reply is not None:
+            aside.append(reply)
+        elif give_up is None or give_up():
+            break
+        reply = asys.listen(wait())
     return reply if isinstance(reply, reply_type) else None
 
 
