@@ -48,6 +48,7 @@ from actorjet.runtime.logs import log
 preload = preload_libraries      # runtime/kinds.py: what a head imports once, before forking this actor
 
 POLL_S = 0.02        # how often the actor looks for a prefetched batch
+FINISHED_POLL_S = 1.0    # ... once its steps are done and no evaluation runs: an idle head stays idle
 IDLE_S = 0.05        # the prefetch thread's pause when no batch is ready in the store
 
 
@@ -253,7 +254,8 @@ class Learner(ManagedActor):
                 self._send_counts()
             if batch["samples"] is not None and self.step < self.train_cfg["steps"]:
                 self._train(batch)
-        self.wakeupAfter(timedelta(seconds=0 if batch is not None else POLL_S))
+        finished = self.step >= self.train_cfg["steps"] and not self.evals.running
+        self.wakeupAfter(timedelta(seconds=0 if batch is not None else FINISHED_POLL_S if finished else POLL_S))
 
     def _untrainable(self, group_ids: list[str], cause: str) -> None:
         """A batch the loss refused: its groups are quarantined with the cause, training goes on."""
