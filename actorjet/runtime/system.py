@@ -27,9 +27,8 @@ from actorjet.runtime import endpoints, frames, logs, owner_watch
 
 BASE = "multiprocTCPBase"
 log = logging.getLogger("actorjet")
-
-
 GIVE_UP_CHECK_S = 0.2     # how often ``ask`` checks whether to stop waiting
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free now, for a service that binds it a moment later.  It is drawn below the
