@@ -157,3 +157,27 @@ def test_an_answer_nobody_waited_for_neither_misleads_the_next_ask_nor_is_lost_t
     early = head.poll(1)
     assert isinstance(early, m.LookupResult) and early.path == "registry", early
     assert head.poll(0.2) is None
+
+
+def test_an_actor_whose_stop_waits_is_gone_within_seconds_of_a_sigterm(make_head):
+    """A SIGTERM to every process (``pkill``, a container stop) starts thespian's orderly exit,
+    which can wait far longer than a service manager does: a server's requests in flight, a
+    parent waiting for its children.  The process is gone SIGTERM_EXIT_S later all the same
+    (runtime/lineage.py): here b's stop would take a minute, and b's supervisor waits for b."""
+    import psutil
+
+    from actorjet.runtime.lineage import SIGTERM_EXIT_S
+    from actorjet.runtime.probe import HoldStop
+
+    head = make_head()
+    b = pong(head, "work/b").pid
+    parent = pong(head, "work").pid
+    assert system.ask(head.asys, head.lookup("work/b"), HoldStop(60.0), HoldStop, 5) is not None
+    procs = [psutil.Process(b), psutil.Process(parent)]
+    signalled = time.monotonic()
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    wait_until(lambda: not any(system.still_running(p) for p in procs), 10, interval_s=0.05, what="b and its supervisor to exit")
+    took = time.monotonic() - signalled
+    assert took < SIGTERM_EXIT_S + 1.5, took
+    wait_until(lambda: pong(head, "work/b").pid != b, 20, what="the root to restart the subtree")

@@ -14,7 +14,7 @@ from thespian.actors import ActorExitRequest, ActorTypeDispatcher, WakeupMessage
 from actorjet.registry import trials as tr
 from actorjet.runner.trial_runs import TrialRuns
 from actorjet.runtime import endpoints, logs
-from actorjet.runtime.lineage import die_with_parent
+from actorjet.runtime.lineage import die_with_parent, exit_soon_after_sigterm
 from actorjet.runtime.node import on_node
 
 log = logs.log
@@ -29,6 +29,7 @@ class TrialHost(ActorTypeDispatcher):
     def __init__(self):
         super().__init__()
         die_with_parent()
+        exit_soon_after_sigterm()
         self.registry = None
         self.runs = TrialRuns((endpoints.node_dir() or Path(".")) / "trials")
         self.polling = False

@@ -13,7 +13,7 @@ import traceback
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
 from actorjet.runtime import endpoints, logs
-from actorjet.runtime.lineage import die_with_parent
+from actorjet.runtime.lineage import die_with_parent, exit_soon_after_sigterm
 from actorjet.runtime import messages as m
 from actorjet.runtime.node import on_node
 
@@ -31,10 +31,12 @@ class ManagedActor(ActorTypeDispatcher):
     context: dict = {}
     supervisor = None
     crashed = False              # set when a message handler raised: the exit that follows is a crash
+    signalled = False            # set on SIGTERM: the process ends SIGTERM_EXIT_S later (lineage.py)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         die_with_parent()             # runs in the actor's own process, right after the fork
+        exit_soon_after_sigterm(self._on_sigterm)
         self.initialized = False
         self._early: list = []        # our messages that came before Init, handled after it
 
@@ -42,8 +44,12 @@ class ManagedActor(ActorTypeDispatcher):
     def stop_grace_s(self) -> float:
         """How long ``on_stop`` may wait for in-flight work (an HTTP server's requests).  After a
         crash nothing it holds will be answered (a stalled batcher, a blocked loop) and its
-        restart waits for this process to free its port: 1 s, not the 10 s of an orderly stop."""
-        return 1.0 if self.crashed else 10.0
+        restart waits for this process to free its port: 1 s, not the 10 s of an orderly stop.
+        After a SIGTERM the process has SIGTERM_EXIT_S in all: 1 s too."""
+        return 1.0 if self.crashed or self.signalled else 10.0
+
+    def _on_sigterm(self) -> None:
+        self.signalled = True
 
     @staticmethod
     def actorSystemCapabilityCheck(capabilities, requirements):

@@ -1,5 +1,6 @@
 """Every actor of ours dies with the process that forked it (its parent actor, or the node's
-admin for the actors thespian creates itself: the root supervisor, global names).
+admin for the actors thespian creates itself: the root supervisor, global names), and is gone
+at most SIGTERM_EXIT_S after a SIGTERM, whatever its orderly stop is waiting for.
 """
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1
+SIGTERM_EXIT_S = 3.0        # a service manager waits 5 s (the brief's promise) before SIGKILL
 
 
 def die_with_parent() -> None:
@@ -27,3 +30,32 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() == 1:           # the parent was gone before the signal was armed
         os._exit(0)
+
+
+def exit_soon_after_sigterm(on_signal=None) -> None:
+    """Keep thespian's SIGTERM handling (an orderly exit: the actor's own stop, its children
+    asked to exit) but end the process SIGTERM_EXIT_S later if that has not finished.
+
+    An orderly exit can wait far longer: a server lets requests in flight finish for 10 s, a
+    parent waits for children that wait for theirs, a handler may be mid-step.  When ``pkill``
+    or a container stop signals every process at once, CI saw four actors and the front still
+    running 15 s later.  ``on_signal`` runs first, in the main thread (an actor shortens its
+    own grace there).  Call it in the actor's process, after thespian set its handlers."""
+    thespians = signal.getsignal(signal.SIGTERM)
+    armed = threading.Event()
+
+    def on_sigterm(signum, frame):
+        if not armed.is_set():
+            armed.set()
+            deadline = threading.Timer(SIGTERM_EXIT_S, os._exit, (128 + signal.SIGTERM,))
+            deadline.daemon = True
+            deadline.start()
+            if on_signal is not None:
+                on_signal()
+        if callable(thespians):
+            thespians(signum, frame)
+        elif thespians in (signal.SIG_DFL, None):
+            os._exit(128 + signal.SIGTERM)
+
+    with contextlib.suppress(ValueError):       # not the main thread: leave the handler as it is
+        signal.signal(signal.SIGTERM, on_sigterm)

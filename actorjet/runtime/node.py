@@ -17,7 +17,7 @@ from datetime import timedelta
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher, WakeupMessage
 
 from actorjet.runtime import frames, load, logs
-from actorjet.runtime.lineage import die_with_parent
+from actorjet.runtime.lineage import die_with_parent, exit_soon_after_sigterm
 from actorjet.runtime import messages as m
 
 log = logs.log
@@ -39,6 +39,7 @@ class NodeAgent(ActorTypeDispatcher):
     def __init__(self):
         super().__init__()
         die_with_parent()
+        exit_soon_after_sigterm()
         self.waiter = None
         self.outcome: m.Admission | None = None
         self.admission = ""
@@ -100,6 +101,7 @@ class NodeLink(ActorTypeDispatcher):
     def __init__(self):
         super().__init__()
         die_with_parent()
+        exit_soon_after_sigterm()
 
     def receiveMessage(self, msg, sender):
         logs.ensure()
