@@ -67,5 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``actorjet`` console script (main, minus the interpreter's teardown: runtime/leave.py)."""
+    from actorjet.runtime.leave import run_then_leave
+
+    run_then_leave(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -70,4 +70,6 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from actorjet.runtime.leave import run_then_leave
+
+    run_then_leave(main, sys.argv[1])
