@@ -130,3 +130,18 @@ def _named(p) -> str:
         return f"{p.pid} {' '.join(p.cmdline())[:80]}"
     except psutil.Error:
         return str(p.pid)
+
+
+@pytest.mark.parametrize("ends,code", [("return 3", 3), ("raise SystemExit(143)", 143), ("return None", 0)])
+def test_a_front_leaves_with_its_code_and_what_it_printed_but_without_the_teardown(ends, code):
+    """runtime/leave.py: what a command printed arrives, its exit code is kept (a SIGTERM
+    handler's ``sys.exit(143)`` too), and the interpreter's teardown (the seconds a loaded
+    machine spent in torch's finalizers) is skipped."""
+    import sys
+
+    program = ("import atexit\nfrom actorjet.runtime.leave import run_then_leave\n"
+               "atexit.register(print, 'teardown ran')\n"
+               f"def main():\n    print('done', end='')\n    {ends}\n"
+               "run_then_leave(main)\n")
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (code, "done"), out
