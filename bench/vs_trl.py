@@ -318,7 +318,7 @@ def main() -> int:
             if result.get("critical_path"):
                 print("\n".join(result["critical_path"]["lines"]), flush=True)
     summary = summarize(runs, args.steps)
-    name = "vs_trl" if args.only is None and (args.runners, args.concurrency) == (2, 64) else \
+    name = "vs_trl" if args.only is None and (args.runners, args.concurrency, args.steps) == (2, 64, 150) else \
         f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"
     name += "" if args.device == "cpu" else f"-{args.device}"
     name = args.label or name
