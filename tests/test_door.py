@@ -61,7 +61,7 @@ def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounte
     try:
         door = f"http://127.0.0.1:{door_port}"          # one head, no node: the runners are this process
         deadline = time.time() + 60
-        while not {"gateway", "learner"} <= set(head.status().get("services", {}).get("policy", {})):
+        while not {"gateway", "learner"} <= set(head.status(timeout_s=30).get("services", {}).get("policy", {})):
             assert time.time() < deadline, "the model did not come up"
             time.sleep(0.2)
         seen = sim_runner.counters()
@@ -75,7 +75,7 @@ def test_many_outbound_runners_at_once_are_all_answered_and_every_lease_accounte
         asyncio.run(main())
         assert seen["leases"] == 160 and seen["busy"] == 0 and seen["refused"] == 0, seen
         deadline = time.time() + 30
-        while (g := head.status()["groups"])["finished"] < seen["leases"]:
+        while (g := head.status(timeout_s=30)["groups"])["finished"] < seen["leases"]:
             assert time.time() < deadline, g
             time.sleep(0.2)
         assert g["finished"] == g["issued"] == seen["leases"] and g["dropped"] == 0 and g["late_results_rejected"] == 0, g
