@@ -8,6 +8,7 @@ while it trains: the trial is re-run on the other node and counted once.
 """
 import json
 import os
+import re
 import signal
 import sqlite3
 import urllib.request
@@ -114,9 +115,12 @@ def test_trials_run_on_a_swarms_nodes_and_a_lost_nodes_trial_runs_again_elsewher
     text = console.export_text()
     assert "research trials" in text and on_alpha["trial_id"] in text
     swarm.kill_host(alpha)                                # the machine dies under its trial
-    controller.wait_for(r"lost \(node alpha lost: no heartbeat", 120)
+    # Whichever the registry sees first names the loss: the missing heartbeats, or thespian's
+    # notice that alpha's admin left the convention (first when the head's CPU is starved).
+    controller.wait_for(r"lost \(node alpha lost: (no heartbeat|left the convention)", 120)
     said = " ".join(controller.output.split())               # (the progress console wraps long lines)
-    assert "lost (node alpha lost: no heartbeat for 4 s); it runs again on another node" in said, said
+    assert re.search(r"lost \(node alpha lost: (no heartbeat for 4 s|left the convention \(stopped or "
+                     r"unreachable\))\); it runs again on another node", said), said
     os.killpg(controller.popen.pid, signal.SIGKILL)         # and the laptop's controller dies too
     controller.popen.wait(10)
     again = Proc(controller.args, swarm.env_of(laptop), prefix=laptop.prefix)    # the same command resumes
