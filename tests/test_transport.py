@@ -130,3 +130,25 @@ def test_the_json_client_keeps_connections_alive_and_names_errors(scripted):
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"          # bound, not listening: refused
         with pytest.raises(http_json.Unreachable):
             http_json.post(dead + "/x", {}, timeout=2)
+
+
+def test_a_request_leaves_in_one_write(scripted, monkeypatch):
+    """http.client writes the headers, then the body: two TCP segments, two reads (and two
+    wakeups of an aiohttp gateway) per LLM call.  Both clients send a request in one write."""
+    from actorjet.runtime import http_json
+
+    server, url = scripted
+    writes = []
+    real = socket.socket.sendall
+
+    def sendall(sock, data, *args):
+        if threading.current_thread() is threading.main_thread():      # not the server's answers
+            writes.append(bytes(data))
+        return real(sock, data, *args)
+
+    monkeypatch.setattr(socket.socket, "sendall", sendall)
+    assert ask(llm(url, "t6").client()).choices[0].message.content == "42"
+    assert http_json.post(url + "/x", {"a": 1})["id"] == "x"
+    assert len(writes) == 2, [w[:60] for w in writes]
+    assert writes[0].startswith(b"POST /v1/chat/completions ") and writes[0].endswith(b'"max_tokens":2}')
+    assert writes[1].startswith(b"POST /v1/x ") and writes[1].endswith(b'{"a": 1}')

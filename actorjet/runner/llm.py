@@ -34,7 +34,7 @@ from typing import Iterator
 
 import openai
 
-from actorjet.runtime import endpoints
+from actorjet.runtime import endpoints, http_json
 
 _shared = threading.local()
 
@@ -125,9 +125,9 @@ class LeanTransport(httpx.BaseTransport):
                 conn.close()
             if url.scheme == "https":
                 context = self.verify or endpoints.client_ssl() or ssl.create_default_context()
-                conn = http.client.HTTPSConnection(url.host, url.port or 443, timeout=timeout, context=context)
+                conn = http_json.HTTPSConnection(url.host, url.port or 443, timeout=timeout, context=context)
             else:
-                conn = http.client.HTTPConnection(url.host, url.port or 80, timeout=timeout)
+                conn = http_json.HTTPConnection(url.host, url.port or 80, timeout=timeout)
             conns[key] = conn
         elif conn.sock is not None:
             conn.sock.settimeout(timeout)
