@@ -4,6 +4,7 @@ placement rule counts the GPUs its placed children take.  (On a GPU: bench/gpu_c
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,15 @@ def test_placement_counts_the_gpus_its_placed_children_take():
     assert sup._pick_node(sup.spec.children[8]) is None
     del sup.addresses["learner.3"]                               # one exits (restarting): its GPU is free again
     assert sup._pick_node(sup.spec.children[3]) == "n1"
+
+
+def test_a_machine_without_a_gpu_driver_counts_none_without_importing_torch():
+    """A CPU-only node's `actorjet join` imported torch (1.5 of its 3.1 CPU-s) to count zero
+    GPUs; a runner node never needs torch.  Where a driver is present, torch still counts."""
+    code = "import sys; from actorjet.runtime import gpus; print(gpus.gpu_count(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    if any(Path(driver).exists() for driver in gpus.DRIVERS):
+        import torch
+        assert out.split()[0] == str(torch.cuda.device_count())
+    else:
+        assert out.split() == ["0", "False"]
