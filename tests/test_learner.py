@@ -122,3 +122,26 @@ def test_eval_limit_scores_the_first_n_held_out_tasks_and_a_bad_one_is_refused()
     for bad in (-1, 2.5, True):
         with pytest.raises(UserError, match="eval_limit"):
             normalize({"models": [{"name": "policy", "source": "tiny-arith", "eval_limit": bad}]})
+
+
+def test_an_idle_learner_looks_for_batches_less_often_until_a_call_is_recorded(tmp_path):
+    """An idle head's learner looked for batches 70 times a second (5% of a core) with no job.
+    After QUIET_AFTER_S with neither a batch nor a write to its store it looks every
+    QUIET_POLL_S; a call the gateway records (a write to the store's WAL) restores the pace."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from actorjet.actors import learner
+
+    store = tmp_path / "episodes-policy.sqlite"
+    wal = tmp_path / "episodes-policy.sqlite-wal"
+    store.write_bytes(b""), wal.write_bytes(b"")
+    long_ago = time.time() - 2 * learner.QUIET_AFTER_S
+    os.utime(store, (long_ago, long_ago)), os.utime(wal, (long_ago, long_ago))
+    idle = SimpleNamespace(batch_at=time.monotonic() - 2 * learner.QUIET_AFTER_S, store=SimpleNamespace(path=store))
+    assert learner.Learner._pause(idle, 0.02) == learner.QUIET_POLL_S
+    assert learner.Learner._pause(SimpleNamespace(batch_at=idle.batch_at, store=None), 0.02) == learner.QUIET_POLL_S
+    wal.write_bytes(b"a recorded call")
+    assert learner.Learner._pause(idle, 0.02) == 0.02
+    assert learner.Learner._pause(SimpleNamespace(batch_at=time.monotonic(), store=idle.store), 0.05) == 0.05

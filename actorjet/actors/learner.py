@@ -15,6 +15,7 @@ the store to its checkpoint and simply pulls again.  A frozen model gets no lear
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import threading
 import time
@@ -50,6 +51,8 @@ preload = preload_libraries      # runtime/kinds.py: what a head imports once, b
 POLL_S = 0.02        # how often the actor looks for a prefetched batch
 FINISHED_POLL_S = 1.0    # ... once its steps are done and no evaluation runs: an idle head stays idle
 IDLE_S = 0.05        # the prefetch thread's pause when no batch is ready in the store
+QUIET_AFTER_S = 10.0     # no batch and no recorded call for this long: the swarm is idle ...
+QUIET_POLL_S = 0.25      # ... and both loops look this often (Learner._pause)
 
 
 class Learner(ManagedActor):
@@ -108,8 +111,24 @@ class Learner(ManagedActor):
         self.pulled_lock = threading.Lock()     # the prefetcher counts up, the actor counts down
         self.directory = threading.Event()      # task weights known: only then are batches mixed
         self.stopping = threading.Event()
+        self.batch_at = time.monotonic()        # when the prefetcher last built a batch
         self.prefetcher = guarded.start(self._prefetch, f"prefetch.{self.model_name}")
         self.wakeupAfter(timedelta(seconds=POLL_S))
+
+    def _pause(self, busy_s: float) -> float:
+        """How long a loop that found no batch waits: ``busy_s`` while the swarm works, and
+        QUIET_POLL_S once neither a batch nor a recorded call came for QUIET_AFTER_S (a head
+        with no job yet, no runners).  An idle head's learner used 5% of a core looking for
+        batches 70 times a second.  A swarm at work is never slowed: every call a gateway
+        records writes the store's file (its WAL), and a write within QUIET_AFTER_S keeps the
+        fast pace; the first batch after a quiet spell waits at most QUIET_POLL_S twice."""
+        if time.monotonic() - self.batch_at < QUIET_AFTER_S:
+            return busy_s
+        written = 0.0
+        for path in (self.store.path, f"{self.store.path}-wal") if self.store is not None else ():
+            with contextlib.suppress(OSError):
+                written = max(written, os.stat(path).st_mtime)
+        return busy_s if time.time() - written < QUIET_AFTER_S else QUIET_POLL_S
 
     def _rewind(self) -> bool:
         """Open the store, make what was taken or trained after this step pending again: writes,
@@ -205,8 +224,9 @@ class Learner(ManagedActor):
                 self.stopping.wait(disk.RETRY_S)
                 continue
             if batch is None:
-                self.stopping.wait(IDLE_S)
+                self.stopping.wait(self._pause(IDLE_S))
                 continue
+            self.batch_at = time.monotonic()
             if batch["samples"] is not None:
                 with self.pulled_lock:
                     self.pulled += 1
@@ -255,7 +275,8 @@ class Learner(ManagedActor):
             if batch["samples"] is not None and self.step < self.train_cfg["steps"]:
                 self._train(batch)
         finished = self.step >= self.train_cfg["steps"] and not self.evals.running
-        self.wakeupAfter(timedelta(seconds=0 if batch is not None else FINISHED_POLL_S if finished else POLL_S))
+        self.wakeupAfter(timedelta(seconds=0 if batch is not None else FINISHED_POLL_S if finished else
+                                   self._pause(POLL_S)))
 
     def _untrainable(self, group_ids: list[str], cause: str) -> None:
         """A batch the loss refused: its groups are quarantined with the cause, training goes on."""
