@@ -47,6 +47,8 @@ SMOKES = {
                       and all(r["episodes_per_s"] > 0 for r in d["results"])),
     "exactness": ("exactness-smoke", lambda d: max(d["max_abs_logprob_diff"]["exact"].values()) <= 1e-5),
     "gateway": ("gateway-smoke", lambda d: all(r > 0 for r in d["completions_per_s"].values())),
+    "idle": ("idle-smoke", lambda d: d["leftover_processes"] == 0 and "learner" in d["percent_of_a_core"]
+             and d["total_percent_of_a_core"] > 0),
     "kill_loop": ("kill_loop-smoke", lambda d: all(t["reached_final_step"] == t["runs"] == 1 for t in d["totals"].values())),
     "long_episodes": ("long_episodes-after-smoke", lambda d: d["sizes"][0]["final_prompt_tokens"] > 256),
     "overhead": ("overhead-smoke", lambda d: d["baseline_s_per_step"] > 0
