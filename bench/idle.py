@@ -13,7 +13,6 @@ bench/results/idle.json (``--label``: another name).  Target: the whole head und
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
