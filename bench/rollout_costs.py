@@ -18,6 +18,10 @@ process, alternating in rounds, and reports CPU time (``time.process_time``) per
                   (serving/engine_wire.py, all_done)
   gateway prompt  rendering a conversation (chat template + tokenizer) vs reusing the ids of
                   an identical one (a GRPO group's 8 members send the same conversation)
+  request read    an aiohttp server's CPU per chat-sized request sent as http.client sends
+                  it (headers, then body: two TCP segments, two reads) vs in one write
+                  (runtime/http_json.py, under the runners' lean transport too); the server's
+                  CPU, not this process's
 
 Writes bench/results/rollout_costs.json.
 """
@@ -176,6 +180,57 @@ def gateway_prompt(rounds: int) -> dict:
                       "reused ids": lambda: [gw._render("episode", "agent", messages, None) for _ in range(n)]}, rounds, n)
 
 
+AIOHTTP_SERVER = """
+import asyncio
+from aiohttp import web
+async def chat(request):
+    return web.json_response({"n": len(await request.json())})
+async def main():
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def request_writes(rounds: int) -> dict:
+    """The server's CPU per chat-sized request (an aiohttp app reading its JSON, as the gateway
+    does), sent as http.client sends it (headers, then body: two segments) or in one write."""
+    import http.client
+
+    import psutil
+
+    from actorjet.runtime import http_json
+    from actorjet_agents import arithmetic
+
+    server = subprocess.Popen([sys.executable, "-c", AIOHTTP_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port, proc = int(server.stdout.readline()), psutil.Process(server.pid)
+        body = json.dumps({"model": "m", "messages": arithmetic.messages(next(arithmetic.tasks(0))),
+                           "max_tokens": 4, "temperature": 1.0}).encode()
+        headers = {"Content-Type": "application/json", "Authorization": "Bearer " + "k" * 64}
+        n, spent = 1000, {"two writes (http.client)": 0.0, "one write": 0.0}
+        kinds = {"two writes (http.client)": http.client.HTTPConnection, "one write": http_json.HTTPConnection}
+        for _ in range(rounds):
+            for name, kind in kinds.items():
+                conn = kind("127.0.0.1", port)
+                start = sum(proc.cpu_times()[:2])
+                for _ in range(n):
+                    conn.request("POST", "/v1/chat/completions", body, headers)
+                    conn.getresponse().read()
+                spent[name] += sum(proc.cpu_times()[:2]) - start
+                conn.close()
+        return {name: 1000 * s / (rounds * n) for name, s in spent.items()}
+    finally:
+        server.kill()
+        server.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
@@ -185,7 +240,8 @@ def main() -> int:
                "engine sampling (ms per 128 requests)": sample,
                "engine batch size (ms per 128 requests)": sizes,
                "engine wakeups (ms per 64-request call)": engine_wakeups(args.rounds),
-               "gateway prompt (ms per call)": gateway_prompt(args.rounds)}
+               "gateway prompt (ms per call)": gateway_prompt(args.rounds),
+               "gateway request read (server CPU ms per call)": request_writes(args.rounds)}
     rows = []
     for piece, variants in results.items():
         (old, before), (new, after) = variants.items()
