@@ -36,7 +36,7 @@ preload = preload_libraries      # runtime/kinds.py: what a head imports once, b
 
 FLUSH_S = 0.05           # how often client-mode events go to the registry while calls come
 QUIET_AFTER_S = 10.0     # no call and no event for this long: the gateway is idle ...
-QUIET_FLUSH_S = 0.25     # ... and wakes this often (an idle head's gateway used 2.5% of a core)
+QUIET_FLUSH_S = 0.25     # ... and wakes this often (an idle head's gateway used 3% of a core)
 PROGRESS_S = 1.0
 NO_ENGINE_S = 10.0       # without an engine this long: ask the registry for the directory again
 log = logging.getLogger(__name__)
