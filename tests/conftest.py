@@ -22,12 +22,24 @@ from swarm import Swarm  # noqa: E402
 TREES = Path(__file__).resolve().parent / "trees"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test, so a fixture can tell that its test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
 @pytest.fixture
-def swarm(tmp_path):
+def swarm(tmp_path, request):
     s = Swarm(tmp_path)
     try:
         yield s
     finally:
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            # CI shows a failure's report and little else: what the swarm said goes with it.
+            print(s.post_mortem())
         s.cleanup()
 
 

@@ -189,6 +189,25 @@ class Swarm:
                 p.kill()
         system.reap(left, 5)            # gone (or zombies) before anyone counts what is left
 
+    def post_mortem(self, lines: int = 25) -> str:
+        """What a failed test's swarm said: each head's status (asked while it still runs),
+        the tail of each CLI process's output, and the warnings and errors its actors logged."""
+        parts = []
+        for (ns, port), proc in list(self.ctls.items()):
+            if proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    proc.stdin.write("status\n")
+                    proc.stdin.flush()
+                    parts.append(f"--- status of the head on {ns or 'this host'}:{port}\n"
+                                 + proc.stdout.readline().strip())
+        for proc in self.procs:
+            parts.append(f"--- {' '.join(proc.args[:2])} (last {lines} lines)\n" + "\n".join(proc.lines[-lines:]))
+        for log in sorted(self.tmp.rglob("actors.log")):
+            noted = [x for x in log.read_text(errors="replace").splitlines() if " WARNING " in x or " ERROR " in x]
+            parts.append(f"--- {log.relative_to(self.tmp)}: {len(noted)} warnings and errors, the last {lines}\n"
+                         + "\n".join(noted[-lines:]))
+        return "\n".join(parts)
+
     def leftovers(self) -> list[psutil.Process]:
         """Processes whose ACTORJET_HOME lies in this test's directory: only ones it started."""
         mine = []

@@ -277,6 +277,25 @@ def test_a_restarted_learners_old_incarnation_gets_no_more_directories():
     assert desk.subscribers == ["learner-2"]
 
 
+def test_a_stopped_engines_late_announcement_does_not_replace_its_successors():
+    """An engine placed on a node that was lost for a moment was stopped while it loaded its
+    model and started again on the node once it was back.  The stopped one announced last, and
+    the directory took its URL: every call went to a port nothing listened on, for good
+    (tests/test_hosts.py's engine-apart test, 4 swarms on 2 cores)."""
+    desk = make_desk()
+    up = lambda url, address, incarnation, supervisor="model-sup": m.ServiceUp(  # noqa: E731
+        "policy", "engine", url, address, supervisor, "engine", 0, incarnation)
+    desk.on_ServiceUp(up("http://new", "engine-2", 2), None)
+    assert desk.on_ServiceUp(up("http://old", "engine-1", 1), None) == []        # late, ignored
+    assert desk.services["policy"]["engine"] == {"url": "http://new", "address": "engine-2"}
+    desk.on_ServiceUp(up("http://new", "engine-2", 2), None)                      # re-announced
+    desk.on_ServiceUp(up("http://third", "engine-3", 3), None)                    # restarted again
+    assert desk.services["policy"]["engine"]["url"] == "http://third"
+    # a restarted supervisor counts from 1 again: its children are the newest there are
+    desk.on_ServiceUp(up("http://fourth", "engine-4", 1, supervisor="model-sup-2"), None)
+    assert desk.services["policy"]["engine"]["url"] == "http://fourth"
+
+
 def test_steps_a_restarted_learner_trains_again_are_consumed_once():
     """A learner trained steps 1–4, checkpointed at step 2 and was killed: its successor rewinds
     the store to step 2 (Resumed) and trains steps 3 and 4 again on the same groups.  Counted

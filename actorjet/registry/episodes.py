@@ -50,6 +50,7 @@ class EpisodeDesk:
         self.runner_asked: dict[str, tuple[float, str]] = {}     # runner id → (last request, why no work)
         self.services: dict[str, dict] = {}
         self.supervised: dict[tuple, tuple] = {}   # (model, kind) → (its supervisor, child id, pid)
+        self.incarnations: dict[tuple, int] = {}   # (model, kind) → the announcing incarnation
         self.replicas: dict[str, dict] = {}      # model → its gateway's view of its engine replicas
         self.hardware: dict[str, dict] = {}      # model → kind (engine, engine.1, learner) → device, memory
         train = (context.get("job") or {}).get("train", {})
@@ -100,6 +101,15 @@ class EpisodeDesk:
 
     # -- directory ----------------------------------------------------------------------
     def on_ServiceUp(self, msg: m.ServiceUp, sender) -> Out:
+        known = self.supervised.get((msg.model, msg.kind))
+        if (known is not None and known[:2] == (msg.supervisor, msg.child_id)
+                and msg.incarnation < self.incarnations.get((msg.model, msg.kind), 0)):
+            # A stopped incarnation's late announcement (it was stopped while it started, and
+            # its successor announced first): the directory keeps the successor's address.
+            log.info("%s %s: the announcement of a stopped incarnation (%d) is ignored",
+                     msg.model, msg.kind, msg.incarnation)
+            return []
+        self.incarnations[(msg.model, msg.kind)] = msg.incarnation
         before = self.services.get(msg.model, {}).get(msg.kind, {}).get("address")
         self.services.setdefault(msg.model, {})[msg.kind] = {"url": msg.url, "address": msg.address}
         if before is not None and before != msg.address:

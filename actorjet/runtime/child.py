@@ -30,6 +30,7 @@ class ManagedActor(ActorTypeDispatcher):
     args: dict = {}
     context: dict = {}
     supervisor = None
+    incarnation = 0              # which start of this child (Init): its announcements carry it
     crashed = False              # set when a message handler raised: the exit that follows is a crash
     signalled = False            # set on SIGTERM: the process ends SIGTERM_EXIT_S later (lineage.py)
 
@@ -78,6 +79,7 @@ class ManagedActor(ActorTypeDispatcher):
     def receiveMsg_Init(self, msg: m.Init, sender):
         self.child_id, self.path, self.args = msg.child_id, msg.path, dict(msg.args)
         self.context, self.supervisor = dict(msg.context), msg.supervisor
+        self.incarnation = msg.incarnation
         self.on_init()
         if self.registry is not None:
             self.send(self.registry, where_i_run(self.path))
@@ -104,7 +106,7 @@ class ManagedActor(ActorTypeDispatcher):
             return
         for kind, url in services.items():
             self.send(self.registry, m.ServiceUp(model, kind, url, self.myAddress, self.supervisor, self.child_id,
-                                                 os.getpid()))
+                                                 os.getpid(), self.incarnation))
         if subscribe:
             self.send(self.registry, m.Subscribe("directory"))
 

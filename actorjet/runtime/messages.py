@@ -20,6 +20,7 @@ class Init:
     args: dict
     context: dict            # shared head context: registry address, run dir, job config
     supervisor: Any = None   # parent's address (None for the root)
+    incarnation: int = 0     # which start of this child it is, counted by its supervisor (ServiceUp)
 
 
 @dataclass
@@ -222,6 +223,9 @@ class ServiceUp:
     supervisor: Any = None
     child_id: str = ""
     pid: int = 0
+    # An incarnation stopped while it started (its node was lost, say) may still announce
+    # after its successor did: the registry keeps the newest one (registry/episodes.py).
+    incarnation: int = 0
 
 
 @dataclass

@@ -78,6 +78,7 @@ class Supervisor(ManagedActor):
         self.normal_exit: set[str] = set()
         self.recent: deque[float] = deque()        # restart times inside the period
         self.started_at: dict[str, float] = {}
+        self.incarnations: dict[str, int] = {}     # child id → how many times it was started
         self.backoff = Backoff(self.spec.backoff_initial_s or 0.05, self.spec.backoff_max_s)
         self.counts: dict[str, int] = {}           # root only: restarts per path
         self.owner = None
@@ -127,7 +128,7 @@ class Supervisor(ManagedActor):
         if child.kind == "supervisor":
             args["spec"] = child.to_dict()
         self.send(addr, m.Init(child.id, f"{self.path}/{child.id}", args, self.context,
-                               self.myAddress))
+                               self.myAddress, self._incarnation(child.id)))
         if child.registry:
             self.context["registry"] = addr
             for other_id, other in self.addresses.items():
@@ -157,7 +158,16 @@ class Supervisor(ManagedActor):
         args = {**self.inherited, **self.spec.args, "runner_id": child.id, "node_id": node_id,
                 "admission": self.nodes[node_id]["admission"]}
         context = {k: v for k, v in self.context.items() if k != "token"}   # agent code never needs the secret
-        self.send(addr, m.Init(child.id, f"{self.path}/{child.id}", args, context, self.myAddress))
+        self.send(addr, m.Init(child.id, f"{self.path}/{child.id}", args, context, self.myAddress,
+                               self._incarnation(child.id)))
+
+    def _incarnation(self, child_id: str) -> int:
+        """Count a start of ``child_id``.  Its announcements carry the count, so the registry
+        can tell a stopped incarnation's late ServiceUp from its successor's: an engine stopped
+        while it loaded (its node was lost for a moment) announced after the one that replaced
+        it, and every call then went to a port nothing listened on."""
+        self.incarnations[child_id] = self.incarnations.get(child_id, 0) + 1
+        return self.incarnations[child_id]
 
     def _free_slots(self, node_id: str) -> int:
         used = sum(1 for c, n in self.placed_on.items() if n == node_id and c in self.addresses)
