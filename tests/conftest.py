@@ -30,16 +30,22 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"report_{report.when}", report)
 
 
+def _tell_if_failed(request, swarm: Swarm) -> None:
+    """CI shows a failure's report and little else: what the swarm said goes with it, once,
+    before anything of it is stopped (the network fixture stops the swarm before this one)."""
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed and not swarm.told:
+        swarm.told = True
+        print(swarm.post_mortem())
+
+
 @pytest.fixture
 def swarm(tmp_path, request):
     s = Swarm(tmp_path)
     try:
         yield s
     finally:
-        report = getattr(request.node, "report_call", None)
-        if report is not None and report.failed:
-            # CI shows a failure's report and little else: what the swarm said goes with it.
-            print(s.post_mortem())
+        _tell_if_failed(request, s)
         s.cleanup()
 
 
@@ -61,7 +67,7 @@ def trees():
 
 
 @pytest.fixture
-def network(swarm):
+def network(swarm, request):
     """Separate hosts as network namespaces on a private bridge (tests/hosts.py).  The swarm's
     processes stop before the network goes: without it their shutdown hangs on dead links."""
     import hosts
@@ -74,6 +80,7 @@ def network(swarm):
     try:
         yield net
     finally:
+        _tell_if_failed(request, swarm)
         swarm.cleanup()
         net.close()
 

@@ -85,6 +85,7 @@ class Swarm:
         self.env = dict(os.environ, ACTORJET_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
         self.ctls: dict[tuple, subprocess.Popen] = {}     # (namespace, port) → headctl.py
         self.tokens: dict[int, str] = {}                   # head port → its cluster token
+        self.told = False                                  # its post-mortem was printed
 
     def env_of(self, host=None) -> dict:
         """A host in its own namespace also gets its own ACTORJET_HOME (hosts share nothing)."""
