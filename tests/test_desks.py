@@ -291,7 +291,7 @@ def test_a_stopped_engines_late_announcement_does_not_replace_its_successors():
     desk.on_ServiceUp(up("http://new", "engine-2", 2), None)                      # re-announced
     desk.on_ServiceUp(up("http://third", "engine-3", 3), None)                    # restarted again
     assert desk.services["policy"]["engine"]["url"] == "http://third"
-    # a restarted supervisor counts from 1 again: its children are the newest there are
+    # a restarted supervisor counts from 1 again: another supervisor's announcement is taken as it comes
     desk.on_ServiceUp(up("http://fourth", "engine-4", 1, supervisor="model-sup-2"), None)
     assert desk.services["policy"]["engine"]["url"] == "http://fourth"
 
