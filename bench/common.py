@@ -65,6 +65,20 @@ def wait_for_service(head: Head, model: str, kind: str, timeout_s: float = 60.0)
     raise RuntimeError(f"{model}/{kind} did not come up")
 
 
+def cpu_seconds(pids: dict) -> dict:
+    """CPU seconds (user + system) so far of each process of ``{key: pid}``, as ``{key: s}``.
+    A process that ended is left out: what it used ended with it."""
+    import psutil
+
+    out = {}
+    for key, pid in pids.items():
+        try:
+            out[key] = sum(psutil.Process(pid).cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return out
+
+
 def table(rows: list[tuple], header: tuple) -> None:
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))

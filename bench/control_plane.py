@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import sim_runner  # noqa: E402  - the simulated outbound runner the tests use too
-from common import parse, table, write  # noqa: E402
+from common import cpu_seconds, parse, table, write  # noqa: E402
 
 GROUP_SIZE = 8
 JOB = {"models": [{"name": "policy", "source": "tiny-arith", "eval_every": 10 ** 6, "checkpoint_every": 10 ** 6}],
@@ -65,22 +65,9 @@ def _client(door: str, token: str, runners: int, offset: int, seconds: float, re
     Path(result_file).write_text(json.dumps(asyncio.run(main())))
 
 
-def actor_cpu(actors: dict[str, int]) -> dict[str, float]:
-    """CPU seconds (user + system) so far of each actor's process {path: pid}; gone ones left out."""
-    import psutil
-
-    out = {}
-    for path, pid in actors.items():
-        try:
-            out[path] = sum(psutil.Process(pid).cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return out
-
-
 def measure(head, door: str, runners: int, seconds: float, processes: int, tmp: Path) -> dict:
     actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
-    cpu = lambda: actor_cpu(actors)  # noqa: E731
+    cpu = lambda: cpu_seconds(actors)  # noqa: E731
     cpu0 = cpu()
     per = [runners // processes + (1 if k < runners % processes else 0) for k in range(processes)]
     files = [tmp / f"cp-{runners}-{k}.json" for k in range(processes)]
@@ -131,7 +118,7 @@ def measure_thespian(runners: int, seconds: float, tmp: Path) -> dict:
                 raise SystemExit("thespian runners finished no episode in 120 s")
             time.sleep(0.5)
         actors = {a["path"].removeprefix("root/"): a["pid"] for a in head.status()["actors"]}
-        cpu = lambda: actor_cpu(actors)  # noqa: E731
+        cpu = lambda: cpu_seconds(actors)  # noqa: E731
         cpu0, done0, t0 = cpu(), completed(), time.perf_counter()
         time.sleep(seconds)
         episodes, wall = completed() - done0, time.perf_counter() - t0

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-from common import parse, table, write  # noqa: E402
+from common import cpu_seconds, parse, table, write  # noqa: E402
 from swarm import Swarm, pid_of  # noqa: E402
 
 ACTORS = ["registry", "model.policy/engine", "model.policy/gateway", "model.policy/learner",
@@ -35,14 +35,7 @@ ACTORS = ["registry", "model.policy/engine", "model.policy/gateway", "model.poli
 
 
 def cpu_s(procs: list[psutil.Process]) -> dict[int, float]:
-    out = {}
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return cpu_seconds({p.pid: p.pid for p in procs})
 
 
 def processes(env: dict) -> list[psutil.Process]:

@@ -36,7 +36,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from common import parse, start_head, table, write  # noqa: E402
+from common import cpu_seconds, parse, start_head, table, write  # noqa: E402
 
 from actorjet.monitor import metrics  # noqa: E402
 from actorjet.runtime import system  # noqa: E402
@@ -58,17 +58,6 @@ def actor_pids(head) -> dict[str, int]:
         if isinstance(reply, msgs.Pong):
             pids[path.split("/")[-1].replace("runner-head-", "runner ")] = reply.pid
     return pids
-
-
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    out = {}
-    for name, pid in pids.items():
-        try:
-            t = psutil.Process(pid).cpu_times()
-            out[name] = t.user + t.system
-        except psutil.Error:
-            out[name] = float("nan")
-    return out
 
 
 CLEAN_ENV = dict(os.environ)
@@ -127,7 +116,7 @@ def measure(run_dir: Path, steps: int, warmup: int, find_pids) -> tuple[float, d
         time.sleep(0.05)
     t = [r["time"] for r in train]
     measured = len(train) - warmup
-    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), {n: (cpu1[n] - cpu0[n]) / measured for n in pids}
+    return (t[-1] - t[warmup - 1]) / (len(t) - warmup), {n: (cpu1.get(n, float("nan")) - cpu0.get(n, float("nan"))) / measured for n in pids}
 
 
 def swarm_step_time(model: str, groups: int, steps: int, warmup: int, device: str,

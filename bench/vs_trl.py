@@ -44,7 +44,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from common import interval, parse, table, write  # noqa: E402
+from common import cpu_seconds, interval, parse, table, write  # noqa: E402
 
 THRESHOLDS = (0.50, 0.55, 0.60)
 SNAPSHOT_EVERY = 2
@@ -157,13 +157,13 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
             trained = max((r["step"] for r in rows if r.get("kind") == "train"), default=0)
             if cpu_from is None and trained >= CPU_FROM_STEP:
                 roles = process_roles(head, str(out))
-                cpu_from = (trained, cpu_times(roles))
+                cpu_from = (trained, cpu_seconds({pid: pid for pid in roles}))
             if trained >= steps:
                 break
             if time.perf_counter() - wall0 > 1800:
                 raise RuntimeError("ActorJet did not finish in 30 min")
         first_lease = head.status()["groups"]["first_lease_at"]
-        cpu_to = cpu_times(roles)
+        cpu_to = cpu_seconds({pid: pid for pid in roles})
     finally:
         head.stop()
     evals = [r for r in rows if r.get("kind") == "eval"]
@@ -232,19 +232,6 @@ def process_roles(head, marker: str) -> dict[int, str]:
         roles[proc.info["pid"]] = ("runners" if name.startswith("runner-") else
                                    name if name in ("engine", "gateway", "learner", "registry") else "head & admin")
     return roles
-
-
-def cpu_times(roles: dict[int, str]) -> dict[int, float]:
-    import psutil
-
-    out = {}
-    for pid in roles:
-        try:
-            t = psutil.Process(pid).cpu_times()
-            out[pid] = t.user + t.system
-        except psutil.Error:        # a process that ended (a restarted runner): what it used is lost
-            pass
-    return out
 
 
 # -- comparison ----------------------------------------------------------------------------------
