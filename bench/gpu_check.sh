@@ -28,13 +28,15 @@ dry=0
 [ "${1:-}" = "--dry-run" ] && dry=1
 if [ $dry = 1 ]; then
   out=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXX")
-  dev=cpu big="shape:tiny" big_dtype=float32 mid="shape:tiny" scale=0.5
+  dev=cpu big="shape:tiny" big_dtype=float32 mid="shape:tiny"
+  turns=8 conversations=16 ranks_sizes="--repeats 1 --episodes 4"     # each path once, in seconds
 else
   out=${OUT:-/tmp/out}
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD:/tmp/site || exit 1
   nvidia-smi -L; nproc
-  dev=cuda big="shape:llama3-8b" big_dtype=bfloat16 mid="shape:qwen2.5-0.5b" scale=1
+  dev=cuda big="shape:llama3-8b" big_dtype=bfloat16 mid="shape:qwen2.5-0.5b"
+  turns=50 conversations=64 ranks_sizes="--repeats 2 --episodes 16"
 fi
 mkdir -p "$out"
 export ACTORJET_BENCH_RESULTS="$out"
@@ -51,12 +53,11 @@ step() {   # step NAME SECONDS COMMAND...: run it, keep its log, note a failure 
 # (the suite's own run of --dry-run sets GPU_CHECK_SKIP_TESTS=1: it runs these tests anyway)
 [ "${GPU_CHECK_SKIP_TESTS:-0}" = 1 ] || step tests 120 python3 -m pytest -q -rs -p no:cacheprovider -n 0 tests/test_engines.py tests/test_gpus.py \
   tests/test_collectives.py tests/test_gpu_memory.py tests/test_long_sample.py -m "not slow"
-turns=$([ $dry = 1 ] && echo 8 || echo 50)
 step long-episode 90 python3 bench/kept_caches.py --model "$big" --device $dev --dtype $big_dtype --conversations 1 \
   --turns "$turns" --context 640 --grow 640 --answer 8 --modes keys --label gpu-long-episode
-step decode 90 python3 bench/kept_caches.py --model "$big" --device $dev --dtype $big_dtype --conversations 64 \
+step decode 90 python3 bench/kept_caches.py --model "$big" --device $dev --dtype $big_dtype --conversations $conversations \
   --turns 3 --context 400 --grow 40 --answer 32 --cache-mb 16384 --label gpu-decode
-step ranks 90 python3 bench/scale.py --model tiny-long --device $dev --repeats 2 --episodes 16 --label gpu-ranks
+step ranks 90 python3 bench/scale.py --model tiny-long --device $dev $ranks_sizes --label gpu-ranks
 if [ $dry = 1 ]; then
   step long-sample 60 python3 bench/long_sample.py --smoke --lora --label gpu-long-sample-lora
   step long-sample-full 60 python3 bench/long_sample.py --smoke --label gpu-long-sample-full

@@ -31,7 +31,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import actorjet  # noqa: E402,F401
 import hosts  # noqa: E402
-from common import RESULTS, parse, result_name, table, write  # noqa: E402
+import common  # noqa: E402
+from common import parse, table  # noqa: E402
 from soak import Soak, verdicts  # noqa: E402
 from swarm import Swarm  # noqa: E402
 
@@ -65,6 +66,34 @@ def plot(r: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def soak(swarm: Swarm, net: "hosts.Network", tmp: Path, minutes: float, fault_every_s: float, warmup_s: float,
+         window_s: float, seed: int = 0, sample_s: float = 10.0, faults_from_s: float | None = None,
+         faults_until_s: float | None = None) -> dict:
+    """The bench's run on the hosts given (tests/test_soak.py runs it at the suite's scale, with
+    its own swarm and network: that run is also what keeps this bench from rotting)."""
+    run = Soak(swarm, net, tmp, seed=seed)
+    run.start()
+    print(f"training for {minutes:g} min, a fault every {fault_every_s:g} s ...", flush=True)
+    run.run_for(minutes * 60, fault_every_s, sample_s=sample_s, faults_from_s=faults_from_s,
+                faults_until_s=faults_until_s)
+    result = run.report(warmup_s, window_s)
+    result.update(fault_every_s=fault_every_s, warmup_s=warmup_s, window_s=window_s)
+    return result
+
+
+def publish(result: dict, name: str, unjudged: tuple[str, ...] = ()) -> list[tuple[str, str, str, bool]]:
+    """Judge, print the table, draw the plot and write NAME.json.  ``unjudged``: the measures
+    (by the start of their name) shown but not judged; the verdict rows come back."""
+    rows = verdicts(result)
+    judged = [row for row in rows if not row[0].startswith(unjudged)] if unjudged else rows
+    result["targets_met"] = all(met for *_, met in judged)
+    table([(m, v, t, "yes" if met else "NO") for m, v, t, met in rows], ("measure", "result", "target", "met"))
+    plot(result, common.RESULTS / "plots" / f"{common.result_name(name)}.png")
+    common.write(name, result)
+    print(json.dumps(result["node_losses"], indent=1))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=60.0, help="how long to train (default 60)")
@@ -84,28 +113,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         swarm, net = Swarm(Path(tmp)), hosts.Network()
         try:
-            soak = Soak(swarm, net, Path(tmp), seed=args.seed)
-            soak.start()
-            print(f"training for {args.minutes:g} min, a fault every {args.fault_every:g} s ...", flush=True)
-            soak.run_for(args.minutes * 60, args.fault_every)
-            result = soak.report(args.warmup, args.window)
+            result = soak(swarm, net, Path(tmp), args.minutes, args.fault_every, args.warmup, args.window, args.seed)
         finally:
             swarm.cleanup()
             left = len(swarm.leftovers())
             net.close()
-    result.update(fault_every_s=args.fault_every, warmup_s=args.warmup, window_s=args.window,
-                  leftover_processes=left, finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
-    rows = verdicts(result)
+    result.update(leftover_processes=left, finished_at=time.strftime("%Y-%m-%d %H:%M:%S"))
     # a smoke run is too short for a step rate or a growth to mean anything (seconds-long windows:
     # the store's WAL alone doubled in one, before its first checkpoint): shown, not judged.
     # What must hold at any length is judged: nothing lost or doubled, no false loss, no leftover.
     by_rate_or_growth = ("steps per minute", "minutes", "largest memory growth", "run-dir disk")
-    judged = [row for row in rows if not (args.smoke and row[0].startswith(by_rate_or_growth))]
-    result["targets_met"] = all(met for *_, met in judged)
-    table([(m, v, t, "yes" if met else "NO") for m, v, t, met in rows], ("measure", "result", "target", "met"))
-    plot(result, RESULTS / "plots" / f"{result_name(args.name)}.png")
-    write(args.name, result)
-    print(json.dumps(result["node_losses"], indent=1))
+    publish(result, args.name, by_rate_or_growth if args.smoke else ())
     if not result["targets_met"]:
         sys.exit("bench/soak.py: a target was not met (the table says which)")
 

@@ -1,7 +1,8 @@
 """Every bench at its smoke size, so none can rot unseen (issue 51): each runs as a user runs
 it (`python bench/NAME.py --smoke`), its JSON is read back and one figure of it checked, and
 no process it started is left behind.  bench/gpu_check.sh --dry-run runs kept_caches, scale,
-long_sample, vs_trl and rl_throughput at tiny sizes; the other benches run here one by one."""
+long_sample, vs_trl and rl_throughput at tiny sizes; a bench whose run a test already makes at
+its own scale is kept working by that test (RUN_BY_TESTS); the others run here one by one."""
 import json
 import os
 import re
@@ -19,7 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 HELPERS = {"common", "digits_task", "plain_http_agents"}      # imported by benches, not run
 GPU_CHECK = set(re.findall(r"bench/(\w+)\.py", (BENCH / "gpu_check.sh").read_text()))
-NEEDS_HOSTS = {"chaos", "soak", "upgrade"}                    # every node on its own network namespace
+NEEDS_HOSTS = {"chaos", "upgrade"}                            # every node on its own network namespace
+# bench → the test that runs its code (not a copy of it) at the suite's scale: a smoke run here too
+# would pay for the same swarm twice
+RUN_BY_TESTS = {"soak": "tests/test_soak.py"}
 
 
 def _values(tree):
@@ -60,7 +64,6 @@ SMOKES = {
     "rollout_costs": ("rollout_costs-smoke", lambda d: all(v > 0 for v in _values(d["cpu_ms"]))),
     "runtime": ("runtime-smoke", lambda d: d["orphans_after_head_restart_and_cleanup"] == 0
                 and d["restart_latency_ms"]["n"] == 3),
-    "soak": ("soak-smoke", lambda d: d["leftover_processes"] == 0 and d["faults"]),
     "spread": ("spread_quickstart-smoke", lambda d: d["runs"][0]["ok"] and d["runs"][0]["last"] is not None),
     "store": ("store-smoke", lambda d: d["episodes_per_s_one_core"] > 0),
     "top_cost": ("top_cost-smoke", lambda d: all(s["cpu_s_per_step"] > 0 for s in d["summary"].values())),
@@ -80,9 +83,12 @@ def test_every_bench_has_a_smoke_size_that_the_suite_runs():
         source = (BENCH / f"{name}.py").read_text()
         assert re.search(r"\bparse\((ap|p|parser), \{", source), f"bench/{name}.py: parse its options with " \
                                                                    f"common.parse(ap, {{smoke sizes}})"
-    assert benches() == set(SMOKES) | GPU_CHECK, ("a bench neither here nor in bench/gpu_check.sh",
-                                                  benches() ^ (set(SMOKES) | GPU_CHECK))
-    assert not set(SMOKES) & GPU_CHECK, "run once: here or in the GPU check's dry run"
+    assert benches() == set(SMOKES) | GPU_CHECK | set(RUN_BY_TESTS), (
+        "a bench neither here, nor in bench/gpu_check.sh, nor run by a test", benches() ^ (set(SMOKES) | GPU_CHECK | set(RUN_BY_TESTS)))
+    assert not set(SMOKES) & GPU_CHECK and not set(RUN_BY_TESTS) & (set(SMOKES) | GPU_CHECK), \
+        "run once: here, in the GPU check's dry run, or by a test"
+    for name, test in RUN_BY_TESTS.items():
+        assert f"bench/{name}.py" in (ROOT / test).read_text(), f"{test} no longer runs bench/{name}.py"
 
 
 def _started_by(tmp: Path) -> list[psutil.Process]:
