@@ -152,3 +152,20 @@ def test_a_request_leaves_in_one_write(scripted, monkeypatch):
     assert len(writes) == 2, [w[:60] for w in writes]
     assert writes[0].startswith(b"POST /v1/chat/completions ") and writes[0].endswith(b'"max_tokens":2}')
     assert writes[1].startswith(b"POST /v1/x ") and writes[1].endswith(b'{"a": 1}')
+
+
+def test_the_plain_http_agent_retries_503s_reopens_dropped_connections_and_keeps_one_alive(scripted):
+    """agents/arithmetic_http.py, the SDK-less agent: the same retries as the SDK's clients
+    above, one kept-alive connection per thread, and a 503 that does not end fails the call."""
+    from actorjet_agents import arithmetic_http
+
+    server, url = scripted
+    server.script[:] = ["busy", "busy", "drop-after", "close"]
+    for k in range(4):     # two 503s, then an answer; then a dropped connection (reopened), a closed one, a kept one
+        assert arithmetic_http.chat(llm(url, f"h{k}"), "tiny", [{"role": "user", "content": "q"}], 2) == "42"
+    assert server.seen == ["busy", "busy", "drop-after", "close", "ok", "ok"]
+    assert arithmetic_http.every_model({"question": "40+02=", "answer": "42"}, llm(url, "h9")) == {"tiny": 1.0}
+    assert len(set(server.ports[-3:])) == 1                        # after the close, one connection
+    server.script[:] = ["busy"] * arithmetic_http.TRIES
+    with pytest.raises(RuntimeError, match="the gateway answered 503"):
+        arithmetic_http.chat(llm(url, "h10"), "tiny", [], 2)
