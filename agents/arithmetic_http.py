@@ -24,7 +24,8 @@ from actorjet.runtime.endpoints import client_ssl
 from actorjet.runtime.http_json import HTTPConnection, HTTPSConnection   # http.client's, a request in one write
 from actorjet_agents.arithmetic import eval_tasks, messages, score, tasks  # noqa: F401  (this source's held-out set)
 
-TRIES = 7      # as the SDK's clients in `llm.client()`: a restarting engine answers 503 + Retry-After
+TRIES = 7      # as the SDK's clients in `llm.client()` (max_retries=6): a restarting engine answers 503 +
+               # Retry-After, a restarting gateway refuses connections for a moment
 
 
 def chat(llm, model: str, chat_messages: list[dict], max_tokens: int) -> str:
@@ -39,19 +40,21 @@ def chat(llm, model: str, chat_messages: list[dict], max_tokens: int) -> str:
     tries = 0
     while True:
         tries += 1
-        conn = conns.get(url.netloc)
+        conn, kept = conns.get(url.netloc), True
         if conn is None:
-            conn = conns[url.netloc] = (
-                HTTPSConnection(url.hostname, url.port, timeout=600, context=client_ssl())
-                if url.scheme == "https" else HTTPConnection(url.hostname, url.port, timeout=600))
+            conn, kept = (HTTPSConnection(url.hostname, url.port, timeout=600, context=client_ssl())
+                          if url.scheme == "https" else HTTPConnection(url.hostname, url.port, timeout=600)), False
+            conns[url.netloc] = conn
         try:
             conn.request("POST", url.path + "/chat/completions", body, headers)
             response = conn.getresponse()
             reply = response.read()
-        except (ConnectionError, http.client.HTTPException):    # e.g. an idle connection the server closed
+        except (ConnectionError, http.client.HTTPException):
             conns.pop(url.netloc).close()
             if tries == TRIES:
                 raise
+            if not kept:     # a kept connection the server closed while idle is retried at once;
+                time.sleep(min(8.0, 0.5 * 2 ** (tries - 1)))    # a gateway that is down, with the SDK's backoff
             continue
         if response.status == 503 and tries < TRIES:
             try:

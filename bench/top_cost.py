@@ -47,7 +47,7 @@ from swarm import REPO, Swarm, wait_until  # noqa: E402
 def quickstart_job(steps: int) -> str:
     """The quickstart's job (cli/train_cmds.py) as a config file."""
     return tiny_arith(steps, group_size=8, groups_per_step=32, runner_concurrency=64,
-                      model="checkpoint_every = 1000\nmax_batch = 256")
+                      model="checkpoint_every = 1000\nmax_batch = 256", behavior="agents.arithmetic:behavior")
 
 WATCHED = ("root/registry", "root/model.policy/learner")
 

@@ -64,7 +64,7 @@ class Soak:
         self.run = self.tmp / "run"
         self.job = self.tmp / "job.toml"
         self.job.write_text(jobs.tiny_arith(10 ** 6, group_size=8, groups_per_step=GROUPS, runner_concurrency=16,
-                                            model="checkpoint_every = 10"))
+                                            model="checkpoint_every = 10", behavior="agents.arithmetic:behavior"))
         self.tree = str(REPO / "supervisors" / "default.toml")
         self.head_host, self.a, self.b = self.net.host("head"), self.net.host("a"), self.net.host("b")
         self.net.outbound_only(self.b)

@@ -49,7 +49,8 @@ def test_a_signed_frame_round_trips_and_any_other_is_dropped_unread(tmp_path):
     assert signing.frame_key("a") != signing.frame_key("b") and len(signing.frame_key("a")) == 32
 
 
-JOB = tiny_arith(steps=400)
+# the SDK's agent: its clients' lean transport (runner/llm.py) is what calls the https gateway here
+JOB = tiny_arith(steps=400, behavior="agents.arithmetic:behavior")
 
 
 def self_signed(tmp_path, ip: str):

@@ -169,3 +169,19 @@ def test_the_plain_http_agent_retries_503s_reopens_dropped_connections_and_keeps
     server.script[:] = ["busy"] * arithmetic_http.TRIES
     with pytest.raises(RuntimeError, match="the gateway answered 503"):
         arithmetic_http.chat(llm(url, "h10"), "tiny", [], 2)
+
+
+def test_the_plain_http_agent_backs_off_from_a_gateway_that_is_down(monkeypatch):
+    """A refused connection is retried with the SDK's backoff (0.5 s doubling, at most 8 s),
+    not in a burst that fails the episode before a restarting gateway is back."""
+    from actorjet_agents import arithmetic_http
+
+    waits = []
+    monkeypatch.setattr(arithmetic_http.time, "sleep", waits.append)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]            # nothing listens there once it is closed
+    with pytest.raises(ConnectionRefusedError):
+        arithmetic_http.chat(llm(f"http://127.0.0.1:{port}/v1", "h11"), "tiny", [], 2)
+    assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+
