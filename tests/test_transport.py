@@ -154,26 +154,30 @@ def test_a_request_leaves_in_one_write(scripted, monkeypatch):
     assert writes[1].startswith(b"POST /v1/x ") and writes[1].endswith(b'{"a": 1}')
 
 
-def test_the_plain_http_agent_retries_503s_reopens_dropped_connections_and_keeps_one_alive(scripted):
+def test_the_plain_http_agent_retries_503s_reopens_dropped_connections_and_keeps_one_alive(scripted, monkeypatch):
     """agents/arithmetic_http.py, the SDK-less agent: the same retries as the SDK's clients
     above, one kept-alive connection per thread, and a 503 that does not end fails the call."""
+    from actorjet.runtime import http_json
     from actorjet_agents import arithmetic_http
 
+    waits = []
+    monkeypatch.setattr(arithmetic_http.time, "sleep", waits.append)
     server, url = scripted
     server.script[:] = ["busy", "busy", "drop-after", "close"]
     for k in range(4):     # two 503s, then an answer; then a dropped connection (reopened), a closed one, a kept one
         assert arithmetic_http.chat(llm(url, f"h{k}"), "tiny", [{"role": "user", "content": "q"}], 2) == "42"
-    assert server.seen == ["busy", "busy", "drop-after", "close", "ok", "ok"]
+    assert server.seen == ["busy", "busy", "drop-after", "close", "ok", "ok"] and waits == [0.5, 1.0]
     assert arithmetic_http.every_model({"question": "40+02=", "answer": "42"}, llm(url, "h9")) == {"tiny": 1.0}
     assert len(set(server.ports[-3:])) == 1                        # after the close, one connection
-    server.script[:] = ["busy"] * arithmetic_http.TRIES
-    with pytest.raises(RuntimeError, match="the gateway answered 503"):
+    server.script[:] = ["busy"] * (arithmetic_http.RETRIES + 1)
+    with pytest.raises(http_json.HttpError, match="503 engine restarting"):
         arithmetic_http.chat(llm(url, "h10"), "tiny", [], 2)
 
 
 def test_the_plain_http_agent_backs_off_from_a_gateway_that_is_down(monkeypatch):
     """A refused connection is retried with the SDK's backoff (0.5 s doubling, at most 8 s),
     not in a burst that fails the episode before a restarting gateway is back."""
+    from actorjet.runtime import http_json
     from actorjet_agents import arithmetic_http
 
     waits = []
@@ -181,7 +185,6 @@ def test_the_plain_http_agent_backs_off_from_a_gateway_that_is_down(monkeypatch)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]            # nothing listens there once it is closed
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(http_json.Unreachable):
         arithmetic_http.chat(llm(f"http://127.0.0.1:{port}/v1", "h11"), "tiny", [], 2)
     assert waits == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
-
