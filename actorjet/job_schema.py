@@ -41,6 +41,8 @@ MODEL = {
     "checkpoint_every": Field(50, "learner steps between checkpoints (what a restart resumes from)",
                               {"choice": [10, 50, 1000]}),
     "eval_every": Field(10, "learner steps between held-out evaluations"),
+    "eval_at_start": Field(True, "score the weights a learner starts from (step 0, or the checkpoint it resumes) "
+                           "while its first steps train; false: the first evaluation is at step eval_every"),
     "checkpoint_keep_last": Field(3, "checkpoints kept: the newest N (at least the newest, to resume from)"),
     "checkpoint_keep_best": Field(1, "... and the N best by held-out accuracy"),
     "eval_max_tokens": Field(8, "tokens an evaluation answer may take"),

@@ -16,7 +16,7 @@ from swarm import REPO, wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.netns]
 
 STEPS, GROUPS, EVERY = 14, 4, 4
-JOB = jobs.tiny_arith(STEPS, groups_per_step=GROUPS, model=f"checkpoint_every = {EVERY}")
+JOB = jobs.tiny_arith(STEPS, groups_per_step=GROUPS, model=f"checkpoint_every = {EVERY}\neval_at_start = false")
 
 
 def test_power_cut_of_every_machine_mid_step_resumes_from_the_checkpoint(swarm, network, tmp_path):
@@ -48,6 +48,11 @@ def test_power_cut_of_every_machine_mid_step_resumes_from_the_checkpoint(swarm, 
     wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what=f"{STEPS} learner steps")
     data = status()
     assert data["models"][0]["learner_step"] == STEPS
+    # eval_at_start = false: neither the starting weights nor the checkpoint the learner resumed
+    # were scored; the end was (the run is finished only once its last evaluation reported)
+    evals = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if r.get("kind") == "eval"]
+    assert evals == [STEPS], evals
     assert [n["name"] for n in data["nodes"] if not n["head"] and n["alive"]] == ["a"]     # re-admitted
     assert all(r["node_id"] for r in data["runners"]) and sum(r["completed"] for r in data["runners"]) > 0
 

@@ -95,7 +95,8 @@ class Learner(ManagedActor):
         split = self.cfg["eval_split"]
         specs = [(t["name"], spec) for t in job["tasks"] if (spec := eval_spec(t["source"], self.model_name, split))]
         self.evals = Evaluations(self.model_name, specs, self.tokenizer, self.cfg)
-        self._evaluate()      # step 0: the starting checkpoint's score
+        if self.cfg["eval_at_start"]:
+            self._evaluate()      # step 0 (or the resumed checkpoint): the starting weights' score
         services = {"learner": None, **({"ranks": self.leader.url} if self.leader else {})}
         self.announce(self.model_name, services, subscribe=True)
         if self.registry is not None:
