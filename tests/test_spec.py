@@ -135,6 +135,18 @@ def test_cli_checks_task_code_before_starting(tmp_path, module, behavior_code, m
     assert not (tmp_path / "run" / "head.json").exists()
 
 
+def test_a_job_mistake_is_answered_before_torch_is_imported(tmp_path):
+    """The job is checked before the tree's actor kinds are imported (they import torch and
+    transformers): a mistyped field was answered after ~3 s, now at once."""
+    job = tmp_path / "job.toml"
+    job.write_text('[[models]]\nname = "policy"\nlr = -1\n')
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "actorjet.cli.main", "start", "--config", str(job),
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "job.toml: model 'policy': lr must be > 0, got -1" in out.stderr, out.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "actorjet.config" in imported and "torch" not in imported and "transformers" not in imported
+
+
 @pytest.mark.parametrize("split, source, message", [
     ("tset", "agents.arithmetic", "held-out split 'tset': ValueError: unknown split 'tset' (known: validation, test)"),
     ("test", "onesplit", "asks for the held-out split 'test', but onesplit.eval_tasks has one set only"),

@@ -71,8 +71,10 @@ def cmd_start(args) -> int:
     from actorjet.runtime.head import Head
     from actorjet.runtime.tree_spec import load_tree
 
-    tree = load_tree(args.tree or tree_path("default.toml"))
+    # the job first: its mistakes are the common ones, and checking it imports no torch (the
+    # tree's actor kinds do: ~3 s before a one-line error)
     job = prepare(load_job(args.config) if args.config else normalize({}))
+    tree = load_tree(args.tree or tree_path("default.toml"))
     if args.node_timeout <= 0:
         raise UserError("--node-timeout must be > 0")
     endpoints.set_tls(args.tls_cert, args.tls_key, None)
