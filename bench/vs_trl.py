@@ -2,6 +2,7 @@
 
     pip install -c constraints.txt -e '.[compare]'       # trl and datasets
     python bench/vs_trl.py [--seeds 3] [--steps 150] [--only actorjet|trl] [--runners 2] [--concurrency 64]
+                           [--agent sdk|http] [--device cpu|cuda]
 
 The work: the shipped tiny-arith checkpoint (seed 0 for both; a seed varies training only),
 chat-templated prompts from agents/arithmetic.py, 32 groups × 8 samples per step, lr 1e-4,
@@ -9,6 +10,9 @@ chat-templated prompts from agents/arithmetic.py, 32 groups × 8 samples per ste
 without weight decay, grad-norm clip 1.0, constant lr.  ActorJet runs the quickstart's job
 (2 runners, the agent talks through the ``openai`` SDK; asynchronous, samples at most one
 weight version old); TRL runs GRPOTrainer on the CPU (on-policy: generate, then train).
+``--agent http`` runs agents/arithmetic_http.py instead, the same task over plain HTTP: on
+a 2-core machine the SDK's ~2 ms of CPU a call competes with the server for the same cores,
+so this separates what the framework costs from what the agent's client costs.
 Both train in float32: TRL's GRPOConfig defaults to ``bf16=True`` (autocast), which is other
 numerics than ActorJet's float32 learner, and on a CPU without bf16 instructions (this AMD
 EPYC: AVX2 only) made TRL's step 4.2 s instead of 0.49 s, so it is set off here.
@@ -119,8 +123,12 @@ def trl_run(seed: int, steps: int, out: Path, device: str = "cpu") -> None:
 
 
 # -- ActorJet ------------------------------------------------------------------------------------
+AGENTS = {"sdk": "actorjet_agents.arithmetic:behavior",          # the quickstart's: the openai SDK
+          "http": "actorjet_agents.arithmetic_http:behavior"}    # the same task over plain HTTP
+
+
 def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency: int = 64,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", agent: str = "sdk") -> None:
     """The quickstart's job on an embedded head (the model built from seed 0, training seed
     ``seed``, a checkpoint every SNAPSHOT_EVERY steps, every one kept, no periodic evaluation),
     until the last step is trained; then every checkpoint is scored.  The clock starts at the
@@ -145,6 +153,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
     spec["models"][0].update(checkpoint_every=SNAPSHOT_EVERY, eval_every=10 * steps, eval_at_start=False,
                              device=device, checkpoint_keep_last=10 ** 6, checkpoint_keep_best=0)
     spec["train"]["runner_concurrency"] = concurrency
+    spec["tasks"][0]["behavior"] = AGENTS[agent]
     job = prepare(normalize(spec, "vs_trl"))
     job["train"]["seed"] = seed
     run = out.parent / "aj-run"
@@ -269,6 +278,10 @@ def main() -> int:
     ap.add_argument("--runners", type=int, default=2, help="ActorJet runner processes (the quickstart's 2)")
     ap.add_argument("--concurrency", type=int, default=64, help="ActorJet episodes in flight per runner (64)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda: where both frameworks run their models")
+    ap.add_argument("--agent", choices=sorted(AGENTS), default="sdk",
+                    help="ActorJet's agent: sdk (the quickstart's, through the openai SDK: ~2 ms of CPU a call "
+                    "on the cores the server uses) or http (agents/arithmetic_http.py, the same task over plain "
+                    "HTTP: what the framework costs without the SDK)")
     ap.add_argument("--label", default="", help="the result file's name (default: from the options)")
     args = parse(ap, {"seeds": 1, "steps": CPU_FROM_STEP + 2})
     if args.seeds < 1 or args.runners < 1 or args.concurrency < 1:
@@ -290,6 +303,7 @@ def main() -> int:
                 t0 = time.time()
                 knobs = [str(args.runners), str(args.concurrency)] if fw == "actorjet" else []
                 knobs.append(args.device)
+                knobs += [args.agent] if fw == "actorjet" else []
                 child = [sys.executable, __file__, f"_{fw}", str(seed), str(args.steps), str(out), *knobs]
                 proc = subprocess.run(child,
                                       cwd=REPO, capture_output=True, text=True, timeout=3600)
@@ -309,9 +323,10 @@ def main() -> int:
     name = "vs_trl" if args.only is None and (args.runners, args.concurrency, args.steps) == (2, 64, 150) else \
         f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"
     name += "" if args.device == "cpu" else f"-{args.device}"
+    name += "" if args.agent == "sdk" else f"-{args.agent}-agent"
     name = args.label or name
     write(name, {"steps": args.steps, "seeds": args.seeds, "runners": args.runners, "concurrency": args.concurrency,
-                 "device": args.device,
+                 "device": args.device, "agent": args.agent,
                  "runs": runs, "summary": summary})
     return 0
 
@@ -367,6 +382,6 @@ if __name__ == "__main__":
         trl_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5])
     elif sys.argv[1:2] == ["_actorjet"]:
         actorjet_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
-                     sys.argv[7])
+                     sys.argv[7], sys.argv[8])
     else:
         sys.exit(main())
