@@ -123,8 +123,7 @@ def trl_run(seed: int, steps: int, out: Path, device: str = "cpu") -> None:
 
 
 # -- ActorJet ------------------------------------------------------------------------------------
-AGENTS = {"sdk": "actorjet_agents.arithmetic:behavior",          # the quickstart's: the openai SDK
-          "http": "actorjet_agents.arithmetic_http:behavior"}    # the same task over plain HTTP
+HTTP_AGENT = "actorjet_agents.arithmetic_http:behavior"     # --agent http: the quickstart's task, no SDK
 
 
 def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency: int = 64,
@@ -153,7 +152,8 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
     spec["models"][0].update(checkpoint_every=SNAPSHOT_EVERY, eval_every=10 * steps, eval_at_start=False,
                              device=device, checkpoint_keep_last=10 ** 6, checkpoint_keep_best=0)
     spec["train"]["runner_concurrency"] = concurrency
-    spec["tasks"][0]["behavior"] = AGENTS[agent]
+    if agent == "http":
+        spec["tasks"][0]["behavior"] = HTTP_AGENT
     job = prepare(normalize(spec, "vs_trl"))
     job["train"]["seed"] = seed
     run = out.parent / "aj-run"
@@ -278,7 +278,7 @@ def main() -> int:
     ap.add_argument("--runners", type=int, default=2, help="ActorJet runner processes (the quickstart's 2)")
     ap.add_argument("--concurrency", type=int, default=64, help="ActorJet episodes in flight per runner (64)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda: where both frameworks run their models")
-    ap.add_argument("--agent", choices=sorted(AGENTS), default="sdk",
+    ap.add_argument("--agent", choices=("sdk", "http"), default="sdk",
                     help="ActorJet's agent: sdk (the quickstart's, through the openai SDK: ~2 ms of CPU a call "
                     "on the cores the server uses) or http (agents/arithmetic_http.py, the same task over plain "
                     "HTTP: what the framework costs without the SDK)")
