@@ -174,15 +174,20 @@ class TransformersEngine(BatchingEngine):
         """Prefill what each request's kept cache lacks (in sub-batches of similar new-token
         counts: a cache miss of 600 tokens would otherwise pad every hit of 20 to 600), decode
         all rows as one batch, and keep each cacheable conversation's cache for its next call
-        (prompt + answer but its last token, which never ran)."""
+        (prompt + answer but its last token, which never ran).  Requests with the same prompt
+        and nothing kept are prefilled once (``_alike``), as one request's ``n`` samples are."""
         reserve = max(min(r.max_tokens, self.max_len - len(r.prompt_ids)) for r in reqs)
-        parts = kv_rows.partition([len(r.prompt_ids) - n for r, (_, n) in zip(reqs, kept)], PREFILL_FIXED_TOKENS)
-        prefilled = [self._prefill([reqs[i] for i in part], [kept[i] for i in part], reserve) for part in parts]
-        order = [i for part in parts for i in part]
+        alike = _alike(reqs, kept)
+        firsts = [members[0] for members in alike]
+        parts = kv_rows.partition([len(reqs[f].prompt_ids) - kept[f][1] for f in firsts], PREFILL_FIXED_TOKENS)
+        prefilled = [self._prefill([reqs[firsts[j]] for j in part], [kept[firsts[j]] for j in part], reserve)
+                     for part in parts]
+        sources = [j for part in parts for j in part]          # prefilled rows, in the batch's order
+        order = [i for j in sources for i in alike[j]]          # requests, by the row they start from
+        counts = [sum(reqs[i].n for i in alike[j]) for j in sources]    # decode rows each prefilled row becomes
         reqs = [reqs[i] for i in order]
         cache, mask = kv_rows.concat([(c, m) for c, m, _ in prefilled], reserve)
         logits = torch.cat([last for *_, last in prefilled])
-        counts = [r.n for r in reqs]
         cache, mask = kv_rows.repeat_rows(cache, mask, counts)
         logits = logits.repeat_interleave(torch.tensor(counts, device=logits.device), dim=0)
         rows = [(i, k) for i, r in enumerate(reqs) for k in range(r.n)]
@@ -303,3 +308,14 @@ class TransformersEngine(BatchingEngine):
             return False
         tail = self.tokenizer.decode(ids[-16:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def _alike(reqs: list[GenRequest], kept: list) -> list[list[int]]:
+    """Indices of ``reqs`` grouped by the prefill they can share: requests with nothing kept
+    and the same prompt ids (a GRPO group's members ask the same first question, rendered the
+    same way) run their prompt once; the rest alone.  In first-seen order."""
+    groups: dict = {}
+    for i, (r, (kv, _)) in enumerate(zip(reqs, kept)):
+        key = tuple(r.prompt_ids) if kv is None else i
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
