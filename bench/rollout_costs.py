@@ -13,6 +13,9 @@ process, alternating in rounds, and reports CPU time (``time.process_time``) per
                   one per batch (serving/transformers_engine.py, _sample)
   engine batch    the same 128 requests generated as 4 batches of 32 vs 1 of 128 (what the
                   busy batching window buys: batches grew from ~38 to ~58 requests)
+  engine prefill  the same 128 requests, 16 GRPO groups of 8 members with the same prompt:
+                  each request prefilled vs each group's prompt once, its members decoded
+                  from it (serving/transformers_engine.py, _alike)
   engine wakeups  a /generate call of 64 requests answered from the batcher's thread: the
                   event loop woken per request (asyncio.wrap_future) vs once per call
                   (serving/engine_wire.py, all_done)
@@ -95,10 +98,11 @@ def sdk_call(rounds: int) -> dict:
         server.wait()
 
 
-def engine_batches(rounds: int) -> tuple[dict, dict]:
+def engine_batches(rounds: int) -> tuple[dict, dict, dict]:
     import torch
 
     from actorjet.models import zoo
+    from actorjet.serving import transformers_engine
     from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
     from actorjet_agents import arithmetic
 
@@ -133,8 +137,19 @@ def engine_batches(rounds: int) -> tuple[dict, dict]:
     engine._sample = batched
     sizes = alternate({"4 batches of 32": lambda: [engine._generate(reqs[i:i + 32]) for i in range(0, 128, 32)],
                        "1 batch of 128": lambda: engine._generate(reqs)}, rounds, 1)
+    shared = transformers_engine._alike
+
+    def prefill(alike):
+        def run():
+            transformers_engine._alike = alike
+            engine._generate(reqs)
+        return run
+
+    prefills = alternate({"each request": prefill(lambda reqs, kept: [[i] for i in range(len(reqs))]),
+                          "once per group": prefill(shared)}, rounds, 1)
+    transformers_engine._alike = shared
     engine.close()
-    return sample, sizes
+    return sample, sizes, prefills
 
 
 def engine_wakeups(rounds: int) -> dict:
@@ -235,10 +250,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     args = parse(ap, {"rounds": 1})
-    sample, sizes = engine_batches(args.rounds)
+    sample, sizes, prefills = engine_batches(args.rounds)
     results = {"sdk call (ms per call)": sdk_call(args.rounds),
                "engine sampling (ms per 128 requests)": sample,
                "engine batch size (ms per 128 requests)": sizes,
+               "engine prefill of a group's prompt (ms per 128 requests)": prefills,
                "engine wakeups (ms per 64-request call)": engine_wakeups(args.rounds),
                "gateway prompt (ms per call)": gateway_prompt(args.rounds),
                "gateway request read (server CPU ms per call)": request_writes(args.rounds)}
