@@ -250,6 +250,35 @@ def test_a_groups_identical_prompts_are_prefilled_once_and_each_answers_as_alone
     assert all(f"g{k}/a" in engine.prefix_cache.entries for k in range(8))  # each member kept its own cache
 
 
+def test_a_long_prefix_that_prompts_share_is_prefilled_once_and_each_answers_as_alone():
+    """Prompts that open with the same long prefix (a task's system prompt and worked example,
+    then each problem) have the prefix run once, on one row; the batch prefills only what
+    differs, identical prompts once.  Every answer equals the request alone, whole prefill."""
+    import random
+
+    engine = TransformersEngine(zoo.resolve("tiny-long"), start_thread=False, prefix_cache_mb=64)
+    engine.eos_ids = []
+    rng = random.Random(4)
+    prefix = [rng.randint(10, 90) for _ in range(100)]
+    tails = [[k + 10] + [rng.randint(10, 90) for _ in range(rng.randint(10, 19))] for k in range(6)]
+    batch = [GenRequest(prefix + t, 5, 1.0, seed=k, cache_key=f"p{k}/a") for k, t in enumerate(tails)]
+    batch += [GenRequest(prefix + tails[k], 4, 1.0, seed=10 + k) for k in (0, 3)]      # same prompts again
+    batch += [GenRequest([rng.randint(10, 90) for _ in range(30)], 4, 0.0)]              # shares nothing
+    prefilled = []
+    hook = engine.model.register_forward_hook(
+        lambda _m, _a, kw, _o: prefilled.append(tuple(kw["input_ids"].shape)) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True)
+    together = engine.generate(batch)
+    hook.remove()
+    assert sorted(prefilled) == [(1, 100), (7, 30)], prefilled     # the prefix once; 6 tails + the other
+    for req, got in zip(batch, together):
+        alone = engine.generate([GenRequest(req.prompt_ids, req.max_tokens, req.temperature, seed=req.seed)])[0][0]
+        assert got[0].completion_ids == alone.completion_ids
+        assert max(abs(x - y) for x, y in zip(got[0].logprobs, alone.logprobs)) < 1e-4
+    kept = engine.prefix_cache.entries["p2/a"]                        # a member's own cache: its whole prompt
+    assert len(kept.ids) // 4 == len(batch[2].prompt_ids) + 4
+
+
 def test_rows_are_grouped_only_when_padding_costs_more_than_a_pass():
     from actorjet.serving.kv_rows import partition
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import inspect
 import time
+from array import array
 from pathlib import Path
 
 import torch
 
+from actorjet.rl.calls import common_prefix
 from actorjet.runtime.logs import log
 from actorjet.serving import kv_rows, weights
 from actorjet.serving.batching_engine import BatchingEngine, GenRequest, GenResult  # noqa: F401 - what engines return
@@ -162,6 +164,7 @@ class TransformersEngine(BatchingEngine):
         version = self.versions[adapter]
         kept = [self.prefix_cache.take(r.cache_key, r.prompt_ids, version, adapter) if self._cacheable(r)
                 else (None, 0) for r in reqs]
+        kept = self._share_prefixes(reqs, kept)
         out: list = [None] * len(reqs)
         for group in kv_rows.partition([len(r.prompt_ids) for r in reqs], self._decode_fixed, [r.n for r in reqs]):
             results = self._run_group(adapter, version, [reqs[i] for i in group], [kept[i] for i in group])
@@ -200,6 +203,33 @@ class TransformersEngine(BatchingEngine):
         for j, i in enumerate(order):
             back[i] = results[j]
         return back
+
+    @torch.no_grad()
+    def _share_prefixes(self, reqs: list[GenRequest], kept: list) -> list:
+        """Requests with nothing kept that open with the same long prefix (a task's system
+        prompt, tools and worked example, before each problem's own question) get the prefix's
+        keys and values computed once, as if each had kept them: the batch then prefills only
+        what differs.  Grouped by their first MIN_TOKENS ids; identical prompts are left to
+        ``_alike``, which runs them once whole."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (r, (kv, _)) in enumerate(zip(reqs, kept)):
+            if kv is None and len(r.prompt_ids) > MIN_TOKENS:
+                groups.setdefault(tuple(r.prompt_ids[:MIN_TOKENS]), []).append(i)
+        kept = list(kept)
+        for members in groups.values():
+            prompts = sorted(array("i", reqs[i].prompt_ids).tobytes() for i in members)
+            if prompts[0] == prompts[-1]:
+                continue
+            shared = min(common_prefix(prompts[0], prompts[-1]), min(len(reqs[i].prompt_ids) for i in members) - 1)
+            if shared < MIN_TOKENS:
+                continue
+            prefix = reqs[members[0]].prompt_ids[:shared]
+            out = self.model(input_ids=torch.tensor([prefix], device=self.device), use_cache=True,
+                             **self._last_logits)
+            row = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            for i in members:
+                kept[i] = (row, shared)
+        return kept
 
     def _prefill(self, reqs: list[GenRequest], kept: list, reserve: int):
         """Run each request's new tokens after its kept columns: (cache, mask, last logits)."""
@@ -311,11 +341,13 @@ class TransformersEngine(BatchingEngine):
 
 
 def _alike(reqs: list[GenRequest], kept: list) -> list[list[int]]:
-    """Indices of ``reqs`` grouped by the prefill they can share: requests with nothing kept
-    and the same prompt ids (a GRPO group's members ask the same first question, rendered the
-    same way) run their prompt once; the rest alone.  In first-seen order."""
+    """Indices of ``reqs`` grouped by the prefill they can share: requests with the same prompt
+    ids that start from the same place — nothing kept, or one prefix shared by
+    ``_share_prefixes`` (a GRPO group's members ask the same first question, rendered the same
+    way) — run their prompt once; a conversation's own kept cache is never shared.  In
+    first-seen order."""
     groups: dict = {}
     for i, (r, (kv, _)) in enumerate(zip(reqs, kept)):
-        key = tuple(r.prompt_ids) if kv is None else i
+        key = (id(kv), tuple(r.prompt_ids))      # kept caches of conversations are objects of their own
         groups.setdefault(key, []).append(i)
     return list(groups.values())
