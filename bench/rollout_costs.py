@@ -16,6 +16,9 @@ process, alternating in rounds, and reports CPU time (``time.process_time``) per
   engine prefill  the same 128 requests, 16 GRPO groups of 8 members with the same prompt:
                   each request prefilled vs each group's prompt once, its members decoded
                   from it (serving/transformers_engine.py, _alike)
+  engine prefix   64 tiny-long prompts that open with the same 400 ids (a task's system
+                  prompt and worked example), then 20-40 of their own, 8 new tokens: each
+                  prompt prefilled whole vs the prefix once (_share_prefixes)
   engine wakeups  a /generate call of 64 requests answered from the batcher's thread: the
                   event loop woken per request (asyncio.wrap_future) vs once per call
                   (serving/engine_wire.py, all_done)
@@ -152,6 +155,32 @@ def engine_batches(rounds: int) -> tuple[dict, dict, dict]:
     return sample, sizes, prefills
 
 
+def engine_prefix(rounds: int) -> dict:
+    import random
+
+    import torch
+
+    from actorjet.models import zoo
+    from actorjet.serving.transformers_engine import GenRequest, TransformersEngine
+
+    torch.set_num_threads(1)
+    engine = TransformersEngine(zoo.resolve("tiny-long"), start_thread=False, prefix_cache_mb=0)
+    rng = random.Random(0)
+    prefix = [rng.randint(10, 90) for _ in range(400)]
+    reqs = [GenRequest(prefix + [rng.randint(10, 90) for _ in range(rng.randint(20, 40))], 8, 1.0) for _ in range(64)]
+    shared = engine._share_prefixes
+
+    def run(share):
+        def go():
+            engine._share_prefixes = share
+            engine._generate(reqs)
+        return go
+
+    spent = alternate({"each prompt whole": run(lambda reqs, kept: kept), "the prefix once": run(shared)}, rounds, 1)
+    engine.close()
+    return spent
+
+
 def engine_wakeups(rounds: int) -> dict:
     import asyncio
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -255,6 +284,7 @@ def main() -> int:
                "engine sampling (ms per 128 requests)": sample,
                "engine batch size (ms per 128 requests)": sizes,
                "engine prefill of a group's prompt (ms per 128 requests)": prefills,
+               "engine prefix shared by 64 prompts (ms per batch)": engine_prefix(args.rounds),
                "engine wakeups (ms per 64-request call)": engine_wakeups(args.rounds),
                "gateway prompt (ms per call)": gateway_prompt(args.rounds),
                "gateway request read (server CPU ms per call)": request_writes(args.rounds)}

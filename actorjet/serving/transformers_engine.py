@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 from array import array
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -346,8 +347,10 @@ def _alike(reqs: list[GenRequest], kept: list) -> list[list[int]]:
     ``_share_prefixes`` (a GRPO group's members ask the same first question, rendered the same
     way) — run their prompt once; a conversation's own kept cache is never shared.  In
     first-seen order."""
+    uses = Counter(id(kv) for kv, _ in kept if kv is not None)
     groups: dict = {}
     for i, (r, (kv, _)) in enumerate(zip(reqs, kept)):
-        key = (id(kv), tuple(r.prompt_ids))      # kept caches of conversations are objects of their own
+        # a cache only this request starts from is a conversation's own: alone, its prompt unhashed
+        key = i if kv is not None and uses[id(kv)] == 1 else (id(kv), tuple(r.prompt_ids))
         groups.setdefault(key, []).append(i)
     return list(groups.values())
