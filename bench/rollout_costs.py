@@ -78,6 +78,14 @@ def alternate(variants: dict, rounds: int, units: int) -> dict:
     return {name: 1000 * s / (rounds * units) for name, s in spent.items()}
 
 
+def swapped(owner, name: str, value, run):
+    """A variant to time: ``owner.name`` set to ``value`` (the code before a change), then ``run()``."""
+    def variant():
+        setattr(owner, name, value)
+        run()
+    return variant
+
+
 def sdk_call(rounds: int) -> dict:
     import openai
 
@@ -128,28 +136,21 @@ def engine_batches(rounds: int) -> tuple[dict, dict, dict]:
 
     batched = engine._sample
 
-    def sampling(fn):
-        def run():
-            engine._sample = fn
-            for _ in range(4):
-                engine._generate(reqs)
-        return run
+    def four_batches():
+        for _ in range(4):
+            engine._generate(reqs)
 
-    sample = alternate({"one multinomial per row": sampling(types.MethodType(per_row, engine)),
-                        "one per batch": sampling(batched)}, rounds, 4 * len(reqs) // 128)
+    sample = alternate({"one multinomial per row": swapped(engine, "_sample", types.MethodType(per_row, engine),
+                                                           four_batches),
+                        "one per batch": swapped(engine, "_sample", batched, four_batches)}, rounds, 4 * len(reqs) // 128)
     engine._sample = batched
     sizes = alternate({"4 batches of 32": lambda: [engine._generate(reqs[i:i + 32]) for i in range(0, 128, 32)],
                        "1 batch of 128": lambda: engine._generate(reqs)}, rounds, 1)
     shared = transformers_engine._alike
-
-    def prefill(alike):
-        def run():
-            transformers_engine._alike = alike
-            engine._generate(reqs)
-        return run
-
-    prefills = alternate({"each request": prefill(lambda reqs, kept: [[i] for i in range(len(reqs))]),
-                          "once per group": prefill(shared)}, rounds, 1)
+    one_batch = lambda: engine._generate(reqs)       # noqa: E731
+    prefills = alternate({"each request": swapped(transformers_engine, "_alike",
+                                                  lambda reqs, kept: [[i] for i in range(len(reqs))], one_batch),
+                          "once per group": swapped(transformers_engine, "_alike", shared, one_batch)}, rounds, 1)
     transformers_engine._alike = shared
     engine.close()
     return sample, sizes, prefills
@@ -169,14 +170,9 @@ def engine_prefix(rounds: int) -> dict:
     prefix = [rng.randint(10, 90) for _ in range(400)]
     reqs = [GenRequest(prefix + [rng.randint(10, 90) for _ in range(rng.randint(20, 40))], 8, 1.0) for _ in range(64)]
     shared = engine._share_prefixes
-
-    def run(share):
-        def go():
-            engine._share_prefixes = share
-            engine._generate(reqs)
-        return go
-
-    spent = alternate({"each prompt whole": run(lambda reqs, kept: kept), "the prefix once": run(shared)}, rounds, 1)
+    one_batch = lambda: engine._generate(reqs)       # noqa: E731
+    spent = alternate({"each prompt whole": swapped(engine, "_share_prefixes", lambda reqs, kept: kept, one_batch),
+                       "the prefix once": swapped(engine, "_share_prefixes", shared, one_batch)}, rounds, 1)
     engine.close()
     return spent
 
