@@ -65,6 +65,9 @@ SMOKES = {
     "runtime": ("runtime-smoke", lambda d: d["orphans_after_head_restart_and_cleanup"] == 0
                 and d["restart_latency_ms"]["n"] == 3),
     "spread": ("spread_quickstart-smoke", lambda d: d["runs"][0]["ok"] and d["runs"][0]["last"] is not None),
+    "suite_cpu": ("suite_cpu-smoke", lambda d: d["pytest_exit"] == 0 and d["attributed_cpu_s"] > 0
+                  and d["by_test"]["tests/test_gpus.py::test_a_machine_without_a_gpu_driver_counts_none_without_"
+                                   "importing_torch"] > 0),
     "store": ("store-smoke", lambda d: d["episodes_per_s_one_core"] > 0),
     "top_cost": ("top_cost-smoke", lambda d: all(s["cpu_s_per_step"] > 0 for s in d["summary"].values())),
     "upgrade": ("upgrade-smoke", lambda d: d["upgrades"] == 2 and d["episodes_failed_by_swap"] == 0
