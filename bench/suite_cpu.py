@@ -45,9 +45,9 @@ PREFIX = "suitecpu-"
 PLUGIN = '''import ctypes, os
 def _worker():
     return os.environ.get("PYTEST_XDIST_WORKER", "main")
-def pytest_configure(config):
-    # the process's name, kept by every fork (in-process heads' actors), reset by an exec
-    ctypes.CDLL(None).prctl(15, ("%s" + _worker()).encode()[:15], 0, 0, 0)     # PR_SET_NAME
+# on import (before conftest imports torch): the process's name, kept by every fork (an
+# in-process head's actors), reset by an exec
+ctypes.CDLL(None).prctl(15, ("%s" + _worker()).encode()[:15], 0, 0, 0)     # PR_SET_NAME
 def pytest_runtest_logstart(nodeid, location):
     folder = os.environ["SUITE_CPU_DIR"]
     with open(os.path.join(folder, _worker() + ".tmp"), "w") as f:
@@ -89,7 +89,7 @@ class Sampler:
         try:
             return (self.folder / worker).read_text()
         except OSError:
-            return f"(worker {worker} between tests)"
+            return f"(worker {worker}, outside a test: start-up, collection)"
 
     def sample(self) -> None:
         for name in os.listdir("/proc"):
@@ -102,10 +102,12 @@ class Sampler:
             comm, rest = stat.split(" (", 1)[1].rsplit(") ", 1)
             fields = rest.split()
             cpu, key = (int(fields[11]) + int(fields[12])) / TICKS, (int(name), fields[19])
-            if key not in self.seen:
+            entry = self.seen.get(key)
+            if entry is None:
                 # (what ran before the suite started is not the suite's)
-                self.seen[key] = [started_by(int(name)), cpu if self.first else 0.0, comm]
-            entry = self.seen[key]
+                entry = self.seen[key] = [started_by(int(name)), cpu if self.first else 0.0, comm]
+            elif entry[0] is None and comm != entry[2]:
+                entry[0], entry[2] = started_by(int(name)), comm       # a fork that then ran exec
             spent, entry[1] = cpu - entry[1], cpu
             if spent <= 0:
                 continue
