@@ -135,6 +135,10 @@ def main() -> None:
     args = parse(ap, {"pytest_args": ["tests/test_gpus.py::test_a_machine_without_a_gpu_driver_counts_none_"
                                       "without_importing_torch", "-n0"], "top": 5,
                         "interval": 0.1})       # the test takes ~1 s: samples inside it
+    if not 0.01 <= args.interval <= 60:          # (NaN fails this too)
+        ap.error(f"--interval {args.interval}: seconds between samples, 0.01 to 60")
+    if args.top < 1:
+        ap.error(f"--top {args.top}: how many tests to show, at least 1")
     with tempfile.TemporaryDirectory(prefix="suite-cpu-") as tmp:
         folder = Path(tmp)
         (folder / "suite_cpu_plugin.py").write_text(PLUGIN)
