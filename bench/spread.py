@@ -69,15 +69,19 @@ def one_run(what: str, tmp: Path, steps: int | None = None) -> dict:
                              capture_output=True, text=True, timeout=1800, cwd=REPO)
     else:
         test, run_name = TESTS[what]
-        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test,
+        # -n0: one test, in this process's view; under setup.cfg's xdist workers its tmp_path
+        # would be a level deeper and the run directory not found (every row read "None")
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", test,
                               "--basetemp", str(tmp / "pt")], capture_output=True, text=True, timeout=1800, cwd=REPO)
         run_dir = next((tmp / "pt").glob(f"*/{run_name}"), tmp / "missing")
-    runs = []
+    runs, found = [], (run_dir / "metrics.jsonl").exists()
     for name in MODELS.get(what, (None,)):
-        evals, reward_gain = learning_of(run_dir, name) if (run_dir / "metrics.jsonl").exists() else ([], None)
-        runs.append({"ok": out.returncode == 0, "model": name, "first": evals[0] if evals else None,
+        evals, reward_gain = learning_of(run_dir, name) if found else ([], None)
+        tail = "" if out.returncode == 0 else out.stdout[-400:]
+        runs.append({"ok": out.returncode == 0 and found, "model": name, "first": evals[0] if evals else None,
                      "last": evals[-1] if evals else None, "reward_gain": reward_gain,
-                     "seconds": round(time.time() - t0, 1), "tail": "" if out.returncode == 0 else out.stdout[-400:]})
+                     "seconds": round(time.time() - t0, 1),
+                     "tail": tail if found else f"no {run_dir}/metrics.jsonl: the run's directory moved? {tail}"})
     return runs
 
 

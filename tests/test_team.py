@@ -83,53 +83,71 @@ def test_a_frozen_model_is_served_not_trained_and_batch_sizes_are_per_model(swar
     assert train and all(r["model"] == "proposer" and r["groups"] == 4 for r in train)
 
 
-SHARED_STEPS = 20
+SHARED_MIN_STEPS, SHARED_MAX_STEPS = 10, 40
 
 
+def _rounder_learned(rows: list[dict]) -> bool:
+    """The rounder's best held-out score is 10 points over the base's, and its last 5 steps'
+    sampled reward beats its first 5 by 0.10 (128 episodes a step: ~0.05 at first, ~0.45 once
+    it learns, ~0.14 when served the adder's adapter)."""
+    evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == "rounder"]
+    reward = [r["reward_mean"] for r in rows if r["kind"] == "train" and r["model"] == "rounder"]
+    return (len(evals) >= 2 and max(evals[1:]) > evals[0] + 0.10
+            and len(reward) >= SHARED_MIN_STEPS and sum(reward[-5:]) / 5 > sum(reward[:5]) / 5 + 0.10)
+
+
+@pytest.mark.long(minutes=2)      # 10 steps when it learns as usual; up to 40 when late
 def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(swarm, network, tmp_path):
     """agents/shared_base.toml: adder and rounder are two LoRA adapters of tiny-arith, served by
-    one engine (adder's); each learner trains on its own calls and reward."""
-    job = (REPO / "agents" / "shared_base.toml").read_text().replace("steps = 60", f"steps = {SHARED_STEPS}").replace(
-        "[train]", "[train]\nkeep_trajectories = true")
+    one engine (adder's); each learner trains on its own calls and reward.
+
+    It trains until the rounder has learned, up to 40 steps.  Why not a fixed length: at 20
+    steps (`python bench/spread.py shared_base`, 8 runs on a quiet machine and 4 beside a busy
+    process, bench/results/spread_shared_base*.json) the rounder, whose reward the base rarely
+    earns (4.9%), stood at 25.6–61.7% held-out, mostly ~40% by step 10 already; but in full
+    suite runs it learned later: one CI run peaked at step 10 (+18 points) and fell back (+2 at
+    step 20), one local run reached only +8.8.  A run that learns stops at step 10, one that
+    learns late gets the time it needs, one that never learns fails at 40.  As it is now, 4
+    runs beside a busy process (spread_shared_base_load1.json) each stopped at step 10, the
+    rounder's last held-out score +16.0 … +28.5 points."""
+    job = (REPO / "agents" / "shared_base.toml").read_text().replace("steps = 60", f"steps = {SHARED_MAX_STEPS}")
+    job = job.replace("eval_every = 10", "eval_every = 5").replace("[train]", "[train]\nkeep_trajectories = true")
     (tmp_path / "shared.toml").write_text(job)
     run = tmp_path / "run"
     status = start(swarm, network, run, REPO / "supervisors" / "shared_base.toml", tmp_path / "shared.toml")
-    wait_until(lambda: [m["learner_step"] for m in status()["models"]] == [SHARED_STEPS] * 2, 600, interval_s=1,
-               what=f"{SHARED_STEPS} steps of both learners")
+
+    def rows() -> list[dict]:
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+    def settled() -> bool:
+        steps = [m["learner_step"] for m in status()["models"]]
+        if steps == [SHARED_MAX_STEPS] * 2:
+            return True
+        return min(steps) >= SHARED_MIN_STEPS and _rounder_learned(rows())
+    wait_until(settled, 900, interval_s=1, what=f"the rounder learning, or {SHARED_MAX_STEPS} steps of both learners")
     engines = [a["path"] for a in status()["actors"] if a["path"].endswith("/engine")]
     assert engines == ["root/model.adder/engine"]                  # one engine holds the base
+    data = rows()
+    train = {m: [r for r in data if r["kind"] == "train" and r["model"] == m] for m in ("adder", "rounder")}
+    evals = {m: [r["accuracy"] for r in data if r["kind"] == "eval" and r["model"] == m] for m in ("adder", "rounder")}
+    print(f"held-out {evals}")
     for model in ("adder", "rounder"):
+        steps = [r["step"] for r in train[model]]
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= SHARED_MIN_STEPS, (model, steps)
         versions = set()
         for call in recorded_calls(run, model):
             assert call["model"] == model and call["role"] == model      # only its own calls
             versions.add(call["weight_version"])
-        assert max(versions) >= SHARED_STEPS // 2, (model, sorted(versions))   # served by its own learner's versions
-    rows = evaluated_rows(run, ("adder", "rounder"), SHARED_STEPS)
-    for model in ("adder", "rounder"):
-        train = [r for r in rows if r["kind"] == "train" and r["model"] == model]
+        assert max(versions) >= len(steps) // 2, (model, sorted(versions))   # served by its own learner's versions
         # every version is the adapter: 0.76 MB, against 4.2 MB for the whole of tiny-arith
-        assert len(train) == SHARED_STEPS and all(r["publish_bytes"] < 1_000_000 for r in train)
-        evals = [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == model]
-        print(f"{model}: held-out {evals}")
+        assert all(r["publish_bytes"] < 1_000_000 for r in train[model])
     # Each is served by its own adapter: the engine's logprobs are its learner's (mean |ratio-1|
     # per token 0.00–0.17 a step).  Served with the other's adapter, the rounder's ran 0.15–3.9
-    # (mean 0.8) while its held-out score still rose to 0.26: the score alone cannot tell.
-    train = {m: [r for r in rows if r["kind"] == "train" and r["model"] == m] for m in ("adder", "rounder")}
+    # (mean 0.8) while its held-out score still rose to 0.26: the score alone cannot tell, so
+    # ratio_dev is what tells the adapters apart, and learning is judged as _rounder_learned says.
     for model, steps in train.items():
         ratio_dev = [r["ratio_dev"] for r in steps if "ratio_dev" in r]
         assert sum(ratio_dev) / len(ratio_dev) < 0.15, (model, ratio_dev)
-    # Each learns its own answer.  Margins from `python bench/spread.py shared_base` (20 steps,
-    # 8 runs on a quiet machine and 4 beside a busy process, bench/results/spread_shared_base*.json):
-    # the rounder, whose reward the base rarely earns (4.9%), gained +20.7 … +56.8 held-out points
-    # at step 20; the adder −2.0 … +22.5.  One CI run's rounder peaked at step 10 (+18) and fell
-    # back (+2 at step 20), so the rounder is judged by its best held-out score and by its
-    # training reward (128 episodes a step: first 5 steps ~0.05, last 5 ~0.45 when it learns,
-    # ~0.14 when served the adder's adapter), by a margin of 0.10: a CI run that learned (held-out
-    # up) gained only +0.144 on it, so it shows learning, while ratio_dev above is what tells the
-    # adapters apart.  The adder keeps its answer.
-    evals = {m: [r["accuracy"] for r in rows if r["kind"] == "eval" and r["model"] == m] for m in ("adder", "rounder")}
-    assert max(evals["rounder"][1:]) > evals["rounder"][0] + 0.10, evals
-    reward = [r["reward_mean"] for r in train["rounder"]]
-    assert sum(reward[-5:]) / 5 > sum(reward[:5]) / 5 + 0.10, reward
-    assert evals["adder"][-1] > evals["adder"][0] - 0.10, evals
+    assert _rounder_learned(data), (evals["rounder"], [r["reward_mean"] for r in train["rounder"]])
+    assert evals["adder"][-1] > evals["adder"][0] - 0.10, evals       # the adder keeps its answer
 
