@@ -26,7 +26,9 @@ from actorjet.runtime.backoff import Backoff
 
 def _worker_main(conn, threads: int) -> None:
     from actorjet.runner.episode import load_behavior, run_episode
+    from actorjet.runtime.heap import freeze_inherited
 
+    freeze_inherited()            # the fork server's imports (the openai SDK's models) stay put
     loaded: dict[tuple, object] = {}
     lock = threading.Lock()
     pool = ThreadPoolExecutor(threads, thread_name_prefix="episode")
