@@ -99,6 +99,8 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     Each is named in status, logged and restarted (a new PID in `status --actors`), and
     training finishes.  Runner states in status say what the runner is doing."""
     from actorjet.registry import protocol as proto
+    from actorjet.runtime import heap, system
+    from actorjet.runtime import messages as m
     from actorjet.runtime.head import attach_root, lookup, status as head_status
 
     (tmp_path / "job.toml").write_text(tiny_arith(steps=16, train="stall_s = 4.0"))
@@ -119,6 +121,12 @@ def test_a_stalled_engine_or_gateway_is_named_in_status_and_restarted(swarm, tmp
     assert f"root/runners/{runner['id']}" in before
 
     asys, root = attach_root(port)
+    # each one's garbage collector (runtime/heap.py): what it inherited is frozen, and only the
+    # gateway, which holds no tensors, collects young objects less often
+    for child, young in (("engine", 700), ("gateway", heap.YOUNG_THRESHOLD)):
+        reply = system.ask(asys, lookup(asys, root, f"model.policy/{child}"), m.Ping(), m.Pong, 5)
+        collector = reply.info["gc"]
+        assert collector["frozen"] > 50_000 and collector["young_threshold"] == young, (child, collector)
     for child, healed in (("engine", 1), ("gateway", 2)):
         asys.tell(lookup(asys, root, f"model.policy/{child}"), proto.Stall(600))     # alive, answering, stuck
         seen = wait_until(lambda: (s := status())["stalled"] and s, 20, interval_s=0.2,

@@ -13,7 +13,7 @@ import traceback
 from thespian.actors import ActorExitRequest, ActorTypeDispatcher
 
 from actorjet.runtime import endpoints, logs
-from actorjet.runtime.heap import freeze_inherited
+from actorjet.runtime import heap
 from actorjet.runtime.lineage import die_with_parent, exit_soon_after_sigterm
 from actorjet.runtime import messages as m
 from actorjet.runtime.node import on_node
@@ -38,7 +38,7 @@ class ManagedActor(ActorTypeDispatcher):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         die_with_parent()             # runs in the actor's own process, right after the fork
-        freeze_inherited()            # the front's imports are never garbage: no collection walks them
+        heap.freeze_inherited()       # the front's imports are never garbage: no collection walks them
         exit_soon_after_sigterm(self._on_sigterm)
         self.initialized = False
         self._early: list = []        # our messages that came before Init, handled after it
@@ -113,7 +113,7 @@ class ManagedActor(ActorTypeDispatcher):
             self.send(self.registry, m.Subscribe("directory"))
 
     def receiveMsg_Ping(self, msg: m.Ping, sender):
-        self.send(sender, m.Pong(msg.nonce, os.getpid(), self.info()))
+        self.send(sender, m.Pong(msg.nonce, os.getpid(), {**self.info(), "gc": heap.state()}))
 
     def receiveMsg_Crash(self, msg: m.Crash, sender):
         raise RuntimeError(msg.error)

@@ -3,7 +3,6 @@
 It answers pings with its pid and the args its spec gave it, which is exactly what a
 restart test needs to see: a new process that got its spec's state back.
 """
-import gc
 import time
 from dataclasses import dataclass
 
@@ -21,14 +20,6 @@ class HoldStop:
     seconds: float
 
 
-@dataclass
-class HeapCounts:
-    """Asks a probe how many objects its process froze when it started and how many a
-    collection would walk now (runtime/heap.py); the answer is the same message, filled in."""
-    frozen: int = 0
-    tracked: int = 0
-
-
 class Probe(ManagedActor):
     hold_stop_s = 0.0
 
@@ -38,9 +29,6 @@ class Probe(ManagedActor):
     def receiveMsg_HoldStop(self, msg: HoldStop, sender) -> None:
         self.hold_stop_s = msg.seconds
         self.send(sender, msg)
-
-    def receiveMsg_HeapCounts(self, msg: HeapCounts, sender) -> None:
-        self.send(sender, HeapCounts(gc.get_freeze_count(), len(gc.get_objects())))
 
     def on_stop(self) -> None:
         time.sleep(self.hold_stop_s)
