@@ -25,6 +25,7 @@ See docs/architecture.md, "Where a step's time goes".
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 
 YOUNG_THRESHOLD = 20_000     # objects allocated, net, between two young collections (Python: 700)
@@ -49,3 +50,22 @@ def collect_young_less_often() -> None:
 def state() -> dict:
     """What a Pong tells of this process's collector (tests check both settings live)."""
     return {"frozen": gc.get_freeze_count(), "young_threshold": gc.get_threshold()[0]}
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """No collection while importing the actor modules (torch, transformers, openai).
+
+    Imports allocate ~430,000 objects that live as long as the process, and the collector,
+    seeing the heap grow, walked it again and again: 0.6 of the 4.7 CPU-s that importing a
+    head's actor modules and a Llama model class took (three runs each way; 6 full
+    collections).  Paused while kinds are loaded and preloaded (runtime/kinds.py), a head on
+    the quickstart's job reached its first step after 7.39-7.69 CPU-s in all against
+    7.79-8.05, its front 4.66-4.79 against 5.02-5.12 (three runs each way)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

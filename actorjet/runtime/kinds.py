@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 from actorjet.errors import UserError
+from actorjet.runtime import heap
 
 KINDS = {
     "supervisor": "actorjet.runtime.supervisor:Supervisor",
@@ -37,7 +38,8 @@ def resolve(kind: str) -> type:
                         "or 'package.module:Class')")
     module_name, _, class_name = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with heap.collector_paused():       # the first kind to load imports torch (heap.py)
+            module = importlib.import_module(module_name)
     except ImportError as e:
         raise UserError(f"actor kind {kind!r}: cannot import {module_name}: {e}") from None
     cls = getattr(module, class_name, None)
@@ -55,11 +57,12 @@ def preload(kind_names, job: dict | None = None) -> None:
     and transformers once (~6 s of CPU on 2 cores) instead of once per actor and once more per
     restart, and a crashed engine is serving again sooner.  A kind that cannot be imported
     here is left for its actor to report (tree loading has already checked the tree's kinds)."""
-    for kind in sorted(set(kind_names)):
-        module_name = KINDS.get(kind, kind).partition(":")[0]
-        try:
-            hook = getattr(importlib.import_module(module_name), "preload", None)
-            if callable(hook):
-                hook(job or {})
-        except Exception:      # noqa: BLE001 - reported where the actor starts, with its path
-            pass
+    with heap.collector_paused():
+        for kind in sorted(set(kind_names)):
+            module_name = KINDS.get(kind, kind).partition(":")[0]
+            try:
+                hook = getattr(importlib.import_module(module_name), "preload", None)
+                if callable(hook):
+                    hook(job or {})
+            except Exception:      # noqa: BLE001 - reported where the actor starts, with its path
+                pass
