@@ -1,5 +1,6 @@
-"""How the garbage collector treats a forked actor process: it leaves the inherited heap
-alone, and in the gateway it collects young objects less often.
+"""How ActorJet's processes use Python's garbage collector: an actor leaves the heap it was
+forked with alone, the gateway collects young objects less often, and a head does not collect
+while it imports its actor modules (``collector_paused``).
 
 **The inherited heap.**  Every actor process is a fork of a front process that imported
 torch, transformers and the rest: ~430,000 objects the garbage collector tracks, none of
