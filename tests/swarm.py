@@ -262,8 +262,10 @@ def evaluated_rows(run: Path, models, step: int, timeout_s: float = 120) -> list
     """RUN/metrics.jsonl's rows once every model's held-out evaluation at ``step`` is in it.
     The last evaluation runs beside training (it never holds a step up), so a test that reads
     the rows when the last step is trained may miss it and judge an earlier one."""
+    from actorjet.monitor.metrics import read      # (a line being written is left for the next read)
+
     def rows() -> list[dict]:
-        return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        return read(run)
     wait_until(lambda: {r.get("model") for r in rows() if r.get("kind") == "eval" and r.get("step") == step}
                >= set(models), timeout_s, interval_s=1, what=f"the evaluations of {sorted(models)} at step {step}")
     return rows()

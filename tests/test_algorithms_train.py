@@ -13,11 +13,11 @@ first held-out evaluation at or over it (evaluated every 5 steps), as bench/algo
 after every model had passed the bar (at step 10-20 in 17 of 18 runs alone).  What
 this test checks, each algorithm learning from the recorded tokens, does not depend on the
 agent's client; the SDK path is the quickstart test's."""
-import json
 import math
 
 import pytest
 
+from actorjet.monitor import metrics
 from actorjet.runtime.head import attach_root, status as head_status
 from actorjet.store.episode_store import EpisodeStore
 from swarm import REPO, evaluated_rows, wait_until
@@ -62,9 +62,6 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
     _, port, _ = swarm.head(run, str(tmp_path / "tree.toml"), slots=2, extra=["--config", str(tmp_path / "job.toml")])
     status = lambda: head_status(*attach_root(port))  # noqa: E731
 
-    def rows() -> list[dict]:
-        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
     def at_bar(data: list[dict]) -> set[str]:
         return {r["model"] for r in data if r["kind"] == "eval" and r["step"] > 0 and r["accuracy"] >= BAR}
 
@@ -72,12 +69,12 @@ def test_every_algorithm_trains_the_quickstart_task_above_its_bar_side_by_side(s
         data = status()
         if data["training_finished"]:
             return True
-        return min(m["learner_step"] for m in data["models"]) >= MIN_STEPS and at_bar(rows()) == set(MODELS)
+        return min(m["learner_step"] for m in data["models"]) >= MIN_STEPS and at_bar(metrics.read(run)) == set(MODELS)
     wait_until(settled, 900, interval_s=1, what=f"all five learners at the bar, or {STEPS} steps of each")
     if status()["training_finished"]:
         evaluated_rows(run, MODELS, STEPS)          # the last evaluation runs beside the last step
 
-    data = rows()
+    data = metrics.read(run)
     for name in MODELS:
         train = [r for r in data if r["kind"] == "train" and r["model"] == name]
         evals = [(r["step"], r["accuracy"]) for r in data if r["kind"] == "eval" and r["model"] == name]

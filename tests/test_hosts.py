@@ -52,7 +52,8 @@ def client_mode(swarm, host, gateway, token, episodes):
 
 
 def metrics(run):
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    from actorjet.monitor.metrics import read      # (a line being written is left for the next read)
+    return read(run)
 
 
 def head_log(run) -> str:

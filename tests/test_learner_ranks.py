@@ -180,11 +180,10 @@ def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, netwo
     swarm.join(port, token, "rank1", slots=0, head_host=head.ip, env={"ACTORJET_CACHE": str(cache)},
                prefix=box.without(run, cache_dir(), SHIPPED))
 
-    def rows() -> list[dict]:
-        return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from actorjet.monitor import metrics
 
     def evals() -> list[dict]:
-        return [r for r in rows() if r["kind"] == "eval"]
+        return [r for r in metrics.read(run) if r["kind"] == "eval"]
     # Trained until the bar is reached (the quickstart alone is over it at step 10 in 3 runs of
     # 3: bench/results/algorithms-fixed-start.json, grpo), or for all 30 steps.
     wait_until(lambda: status()["training_finished"] or any(e["step"] > 0 and e["accuracy"] >= 0.55 for e in evals()),
@@ -195,7 +194,7 @@ def test_two_ranks_on_two_hosts_train_the_quickstart_job_to_its_bar(swarm, netwo
     assert homes == [swarm.env_of(head)["ACTORJET_HOME"], swarm.env["ACTORJET_HOME"]]    # each on its host
     if status()["training_finished"]:
         wait_until(lambda: len(evals()) >= 4, 60, what="evaluations at steps 0, 10, 20, 30")
-    train = [r for r in rows() if r["kind"] == "train"]
+    train = [r for r in metrics.read(run) if r["kind"] == "train"]
     assert [r["step"] for r in train] == list(range(1, len(train) + 1)) and len(train) >= 10
     assert status()["waiting"] == {}
     assert all(len(r["rank_step_s"]) == 2 for r in train if r["tokens"])

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from actorjet.monitor import metrics
 from actorjet.rl.calls import prompt_ids
 from actorjet.store.episode_store import EpisodeStore
 from swarm import REPO, evaluated_rows, recorded_calls, wait_until
@@ -116,18 +117,15 @@ def test_two_adapters_of_one_base_share_one_engine_and_learn_their_own_rewards(s
     run = tmp_path / "run"
     status = start(swarm, network, run, REPO / "supervisors" / "shared_base.toml", tmp_path / "shared.toml")
 
-    def rows() -> list[dict]:
-        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
     def settled() -> bool:
         steps = [m["learner_step"] for m in status()["models"]]
         if steps == [SHARED_MAX_STEPS] * 2:
             return True
-        return min(steps) >= SHARED_MIN_STEPS and _rounder_learned(rows())
+        return min(steps) >= SHARED_MIN_STEPS and _rounder_learned(metrics.read(run))
     wait_until(settled, 900, interval_s=1, what=f"the rounder learning, or {SHARED_MAX_STEPS} steps of both learners")
     engines = [a["path"] for a in status()["actors"] if a["path"].endswith("/engine")]
     assert engines == ["root/model.adder/engine"]                  # one engine holds the base
-    data = rows()
+    data = metrics.read(run)
     train = {m: [r for r in data if r["kind"] == "train" and r["model"] == m] for m in ("adder", "rounder")}
     evals = {m: [r["accuracy"] for r in data if r["kind"] == "eval" and r["model"] == m] for m in ("adder", "rounder")}
     print(f"held-out {evals}")
