@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from actorjet.errors import UserError
+from actorjet.monitor import metrics
 from actorjet.research import planner
 from actorjet.research.plan import check_budget, make_plan
 from actorjet.research.study_db import StudyRegistry
@@ -211,6 +212,35 @@ def research(*args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def test_the_trial_server_forks_each_trial_into_its_own_log_and_reports_how_it_ended(tmp_path):
+    """research/trial_server.py: a trial is forked (no import of its own), writes its own
+    trial.log, and its exit status comes back as Popen's would; the server ends with its pipe.
+    (A whole study through it, killed and resumed: the test below.)"""
+    from actorjet.research import processes
+    from actorjet.research.trial_server import TrialServer
+
+    server = TrialServer(tmp_path / "trials")
+    runs = []
+    for name, job in (("0001-bad", {"models": []}), ("0002-worse", {})):
+        run = tmp_path / "trials" / name
+        run.mkdir(parents=True)
+        (run / "job.json").write_text(json.dumps(job))
+        runs.append(run)
+    try:
+        first = server.start(runs[0])
+        second = server.start(runs[1])
+        assert first.pid != second.pid and server.pid not in (first.pid, second.pid)
+        assert server.pid in processes.strays(tmp_path / "trials")     # a study's processes name its folder
+        assert first.wait(60) == 1 and second.wait(60) == 1             # neither job can run: exit status 1
+        assert first.poll() == 1 and first.returncode == 1
+        assert "KeyError: 'tasks'" in (runs[0] / "trial.log").read_text()
+        assert "KeyError: 'models'" in (runs[1] / "trial.log").read_text()
+        server_proc = psutil.Process(server.pid)
+    finally:
+        server.close()
+    assert not server_proc.is_running() and server.pid is None
+
+
 @pytest.mark.long(minutes=2)
 @pytest.mark.slow
 def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_path):
@@ -219,14 +249,20 @@ def test_a_study_runs_its_stages_and_resumes_after_its_controller_is_killed(tmp_
                                budget={"max_trials": 20, "max_wall_s": 1200, "parallel": 2})))
     out = tmp_path / "study"
     first = research("run", str(spec), "--dir", str(out), start_new_session=True)
+
+    def early() -> list[int]:
+        """Trials running and not yet past their first step: a trial takes seconds, and one about
+        to end may be gone (reaped by the trial server) before the controller records it."""
+        db = sqlite3.connect(out / "study.sqlite")
+        running = db.execute("SELECT pid, run_dir FROM trials WHERE state = 'running'").fetchall()
+        return [pid for pid, run_dir in running if pid and psutil.pid_exists(pid) and
+                max([r["step"] for r in metrics.read(run_dir) if r.get("kind") == "train"], default=0) < 1]
     try:
         # kill it while a trial runs and after another finished
         wait_until(lambda: (out / "study.sqlite").exists() and
-                   [s for _, _, _, s, _, _ in trials(out)].count("done") >= 1 and
-                   "running" in [s for _, _, _, s, _, _ in trials(out)], 300, interval_s=0.5,
+                   [s for _, _, _, s, _, _ in trials(out)].count("done") >= 1 and early(), 300, interval_s=0.2,
                    what="one trial done and one running")
-        db = sqlite3.connect(out / "study.sqlite")
-        orphans = [pid for (pid,) in db.execute("SELECT pid FROM trials WHERE state = 'running'")]
+        orphans = early()
         done_before = {(a, b, c) for a, b, c, s, _, _ in trials(out) if s == "done"}
         first.kill()
         first.wait()

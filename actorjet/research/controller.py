@@ -61,10 +61,13 @@ class Controller:
     def run(self, progress=None) -> dict:
         self._recover()
         self.progress = progress
-        self._stage_baseline()
-        best = self._stage_explore()
-        adopted = self._stage_confirm(best)
-        self._stage_ablate(best, adopted)
+        try:
+            self._stage_baseline()
+            best = self._stage_explore()
+            adopted = self._stage_confirm(best)
+            self._stage_ablate(best, adopted)
+        finally:
+            self.launcher.close()
         if self.out_of_budget:
             self.reg.put("stopped", self.out_of_budget)
         return {"best": best, "adopted": adopted}

@@ -10,9 +10,10 @@ starts, watches and stops trials.  Both kinds answer the same four questions:
     stop(t, handle)   stop it (the pruner)
     recover(t)        after a killed controller: how a trial it left running ended, if it
                       did and that can be known (a swarm keeps it), else None (it runs again)
+    close()           the study is over: nothing more will start
 
-``LocalTrials``: each trial a process of this machine (research/trial.py), at most
-``budget.parallel`` at once.  ``SwarmTrials``: each trial submitted to a swarm's door
+``LocalTrials``: each trial a process of this machine (research/trial.py, forked from the
+study's trial server: research/trial_server.py), at most ``budget.parallel`` at once.  ``SwarmTrials``: each trial submitted to a swarm's door
 (``--head``), placed by its registry on a node joined with ``--trials``; as many at once as
 the swarm has free trial slots, and a trial whose node is lost is reported ``lost``, so the
 controller runs it again, elsewhere (registry/trials.py).  Only the door is contacted: a
@@ -23,8 +24,6 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 from actorjet.errors import UserError
 from actorjet.monitor import metrics
 from actorjet.research import processes
+from actorjet.research.trial_server import ForkedTrial, TrialServer
 from actorjet.runner.trial_runs import tail
 from actorjet.runtime.http_json import HttpError, Unreachable, request
 
@@ -53,6 +53,7 @@ class LocalTrials:
         # each running trial's metrics.jsonl, followed: re-parsing all of it every second cost
         # ~55 ms at step 80 (a step's timeline line is ~30 KB), per trial, beside the trials
         self.followers: dict[int, metrics.Follower] = {}
+        self.server = TrialServer(self.dir / "trials")
 
     def room(self) -> bool:
         return len(self.slot_of) < self.parallel
@@ -66,13 +67,11 @@ class LocalTrials:
         where = self.study.get("trials", {})
         port = where.get("port") and where["port"] + 2 * slot          # +1 is the head's door
         (run_dir / "trial.json").write_text(json.dumps({**where, "port": port}))
-        with open(run_dir / "trial.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(run_dir)], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc = self.server.start(run_dir)
         self.slot_of[t["id"]] = slot
         return proc, {"run_dir": str(run_dir), "pid": proc.pid}, ""
 
-    def look(self, t: dict, proc: subprocess.Popen) -> Look:
+    def look(self, t: dict, proc: ForkedTrial) -> Look:
         follower = self.followers.setdefault(t["id"], metrics.Follower(t["run_dir"]))
         evals = [(r["step"], r["accuracy"]) for r in follower.read() if r.get("kind") == "eval"]
         code = proc.poll()
@@ -83,9 +82,12 @@ class LocalTrials:
         self.followers.pop(t["id"], None)
         return Look(evals, over=True, code=code, tail=tail(Path(t["run_dir"]) / "trial.log"))
 
-    def stop(self, t: dict, proc: subprocess.Popen) -> None:
+    def stop(self, t: dict, proc: ForkedTrial) -> None:
         processes.stop(proc, t["run_dir"])
         self.slot_of.pop(t["id"], None)
+
+    def close(self) -> None:
+        self.server.close()
 
     def recover(self, t: dict) -> None:
         """A trial a killed controller left running: stop it by the PID the registry holds
@@ -97,7 +99,8 @@ class LocalTrials:
         """Trials of this study no registry row names (a controller killed between starting one
         and writing its PID left one training on, its head beside it)."""
         for pid in processes.strays(self.dir / "trials"):
-            processes.stop_pid(pid)
+            if pid != self.server.pid:
+                processes.stop_pid(pid)
 
 
 def door_url(head: str) -> str:
@@ -194,6 +197,9 @@ class SwarmTrials:
             return None
         look = self.look(t, remote)
         return look if look.over else None
+
+    def close(self) -> None:
+        pass                                  # its trials' processes are the swarm's nodes'
 
     def strays(self) -> None:
         """Trials of this study the swarm still runs (a controller killed at any moment, even

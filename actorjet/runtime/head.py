@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from actorjet.errors import UserError
-from actorjet.runtime import kinds
+from actorjet.runtime import kinds, owner_watch
 from actorjet.runtime import messages as m
 from actorjet.runtime import system
 from actorjet.runtime.tree_spec import ChildSpec
@@ -160,10 +160,11 @@ class Head:
                    "head_caps": {k: v for k, v in caps.items() if " " not in k},
                    "node_timeout_s": self.node_timeout_s, "heartbeat_s": self.heartbeat_s,
                    "job": self.job, "head": f"{self.advertise}:{self.port}", "door_port": self.door_port}
+        admin = system.admin_pid(self.port)
         write_head_file(self.run_dir, {"token": self.token, "epoch": self.epoch, "run_id": self.run_id,
                                        "host": self.advertise,
                                        "port": self.port, "door_port": self.door_port, "head_pid": os.getpid(),
-                                       "admin_pid": system.admin_pid(self.port)})
+                                       "admin_pid": admin, "admin_started": owner_watch.started(admin) if admin else 0.0})
         self.root = self.asys.createActor(Supervisor, globalName=ROOT_NAME)
         reply = self.asys.ask(self.root, m.Init("root", "root", {"spec": self.tree.to_dict()},
                                                 context, None), timeout_s)

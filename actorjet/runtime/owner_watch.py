@@ -35,12 +35,13 @@ def start(port: int, admin_pid: int) -> subprocess.Popen | None:
     if admin_pid is None:
         return None
     return subprocess.Popen([sys.executable, "-m", "actorjet.runtime.owner_watch", str(os.getpid()),
-                             str(_started(os.getpid())), str(port), str(admin_pid)],
+                             str(started(os.getpid())), str(port), str(admin_pid)],
                             start_new_session=True, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
-def _started(pid: int) -> float:
+def started(pid: int) -> float:
+    """When ``pid`` started (0.0: no such process): with the PID, what names a process for good."""
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
@@ -58,7 +59,7 @@ def alive(pid: int, started: float) -> bool:
 
 def watch(owner: int, owner_started: float, port: int, admin: int) -> str:
     """Block until the system or its owner ends; returns what happened."""
-    admin_started = _started(admin)
+    admin_started = started(admin)
     while True:
         if not alive(admin, admin_started):
             return "the actor system stopped"

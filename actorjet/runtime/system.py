@@ -237,16 +237,17 @@ def kill_head_of(run_dir: str | Path) -> list[int]:
     """SIGKILL the actor system of the head whose run directory this is, if it outlived the
     process that embedded it.  Its admin daemonizes into a session of its own, so stopping the
     embedding process's group does not reach it (a research trial's head, pruned while it
-    stopped slowly on a busy machine, trained on; seen in the chain test).  Only a system
-    whose admin (``head.json``) still names ``run_dir`` on its command line is touched."""
+    stopped slowly on a busy machine, trained on; seen in the chain test).  Only the admin
+    ``head.json`` names, by PID and start time, is touched (not its command line: a study's
+    trials are forked from one trial server and all carry its command line)."""
     import json
 
     try:
         info = json.loads((Path(run_dir) / "head.json").read_text())
-        admin = psutil.Process(int(info["admin_pid"]))
-        if str(run_dir) not in " ".join(admin.cmdline()):
-            return []               # gone, and its PID reused by something that is not ours
-        sid = os.getsid(admin.pid)
+        admin = int(info["admin_pid"])
+        if not owner_watch.alive(admin, float(info["admin_started"])):
+            return []               # gone, or its PID reused by something that is not ours
+        sid = os.getsid(admin)
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         return []
     killed = []
