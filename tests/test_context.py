@@ -16,7 +16,7 @@ from actorjet.rl.pack import Credit, full_ids, pack
 from actorjet.rl import exact_attention
 from actorjet.models import zoo
 from actorjet.rl.algorithms import Algorithm
-from actorjet.rl.grpo import MIN_ROWS, collate, grpo_step, term_logprobs
+from actorjet.rl.grpo import MIN_ROWS, ancestors, collate, grpo_step, term_logprobs
 
 VOCAB = range(4, 21)
 # The learner's layout-independent attention (`attention = "exact"`): with it, packed and
@@ -103,6 +103,29 @@ def packed_for(group, mode):
     if mode == "tree-split":
         return [p.to_dict() for p in pack(group, "tree", max_tokens=10)]
     return [p.to_dict() for p in pack(group, mode)]
+
+
+def test_a_tree_mask_row_holds_the_token_and_exactly_its_ancestors():
+    """rl/grpo.py ``ancestors`` (pointer doubling) against walking each token's parents one
+    by one, on random forests: chains, bushes, several roots, a single token."""
+    rng = random.Random(7)
+    for n in [1, 2, 3, 17, 64, 200] + [rng.randint(1, 120) for _ in range(30)]:
+        shape = rng.choice(["chain", "bush", "random"])
+        parents = [-1]
+        for i in range(1, n):
+            if shape == "chain":
+                parents.append(i - 1)
+            elif shape == "bush":
+                parents.append(rng.choice([-1, 0]))
+            else:
+                parents.append(rng.randint(-1, i - 1))
+        want = torch.zeros((n, n), dtype=torch.bool)
+        for i in range(n):
+            j = i
+            while j >= 0:
+                want[i, j] = True
+                j = parents[j]
+        assert torch.equal(ancestors(parents), want), (shape, parents)
 
 
 @pytest.mark.parametrize("mode", ["prefix", "tree", "tree-split"])
