@@ -18,6 +18,10 @@ writes RUN_DIR/trial.log.  The server's command line names the study's trials fo
 is how research/processes.py finds a study's trial processes (they inherit it).  It exits when
 its controller closes the pipe or dies (end of input) and on SIGTERM; trials it started run on,
 as they did as children of a killed controller, until a resumed controller stops them.
+
+Not multiprocessing's "forkserver" (which the runner's task workers use, runner/worker.py):
+its server's command line does not name the study, which is how a resumed controller finds
+the trials of one that was killed, and a process has one such server with one preload list.
 """
 from __future__ import annotations
 
