@@ -213,13 +213,15 @@ def research(*args, **kw):
 
 
 def test_the_trial_server_forks_each_trial_into_its_own_log_and_reports_how_it_ended(tmp_path):
-    """research/trial_server.py: a trial is forked (no import of its own), writes its own
-    trial.log, and its exit status comes back as Popen's would; the server ends with its pipe.
-    (A whole study through it, killed and resumed: the test below.)"""
+    """research/trial_server.py through runtime/forks.py: a trial is forked (no import of its
+    own), writes its own trial.log, and its exit status comes back as Popen's would; the server
+    ends with its pipe.  (A whole study through it, killed and resumed: the test below; a
+    swarm node's trials: tests/test_research_swarm.py.)"""
     from actorjet.research import processes
-    from actorjet.research.trial_server import TrialServer
+    from actorjet.runner.trial_runs import TRIAL_SERVER
+    from actorjet.runtime.forks import ForkServer
 
-    server = TrialServer(tmp_path / "trials")
+    server = ForkServer(TRIAL_SERVER, tmp_path / "trials")
     runs = []
     for name, job in (("0001-bad", {"models": []}), ("0002-worse", {})):
         run = tmp_path / "trials" / name

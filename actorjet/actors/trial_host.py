@@ -45,7 +45,7 @@ class TrialHost(ActorTypeDispatcher):
         try:
             self.runs.start(msg.trial_id, msg.job, msg.model_seed, msg.slots)
             log.info("trial %s started in %s", msg.trial_id, self.runs.base / msg.trial_id)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RuntimeError) as e:     # (RuntimeError: the trial server did not answer)
             self.send(sender, tr.TrialEnded(msg.trial_id, 1, f"the node could not start the trial: {e}"))
             return
         if not self.polling:

@@ -13,11 +13,12 @@ starts, watches and stops trials.  Both kinds answer the same four questions:
     close()           the study is over: nothing more will start
 
 ``LocalTrials``: each trial a process of this machine (research/trial.py, forked from the
-study's trial server: research/trial_server.py), at most ``budget.parallel`` at once.  ``SwarmTrials``: each trial submitted to a swarm's door
-(``--head``), placed by its registry on a node joined with ``--trials``; as many at once as
-the swarm has free trial slots, and a trial whose node is lost is reported ``lost``, so the
-controller runs it again, elsewhere (registry/trials.py).  Only the door is contacted: a
-controller on a laptop that can only connect out works.
+study's trial server, research/trial_server.py), at most ``budget.parallel`` at once.
+``SwarmTrials``: each trial submitted to a swarm's door (``--head``), placed by its registry
+on a node joined with ``--trials``; as many at once as the swarm has free trial slots, and a
+trial whose node is lost is reported ``lost``, so the controller runs it again, elsewhere
+(registry/trials.py).  Only the door is contacted: a controller on a laptop that can only
+connect out works.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ from pathlib import Path
 from actorjet.errors import UserError
 from actorjet.monitor import metrics
 from actorjet.research import processes
-from actorjet.research.trial_server import ForkedTrial, TrialServer
-from actorjet.runner.trial_runs import tail
+from actorjet.runner.trial_runs import TRIAL_SERVER, tail
+from actorjet.runtime.forks import ForkServer, Forked
 from actorjet.runtime.http_json import HttpError, Unreachable, request
 
 
@@ -53,7 +54,7 @@ class LocalTrials:
         # each running trial's metrics.jsonl, followed: re-parsing all of it every second cost
         # ~55 ms at step 80 (a step's timeline line is ~30 KB), per trial, beside the trials
         self.followers: dict[int, metrics.Follower] = {}
-        self.server = TrialServer(self.dir / "trials")
+        self.server = ForkServer(TRIAL_SERVER, self.dir / "trials")
 
     def room(self) -> bool:
         return len(self.slot_of) < self.parallel
@@ -71,7 +72,7 @@ class LocalTrials:
         self.slot_of[t["id"]] = slot
         return proc, {"run_dir": str(run_dir), "pid": proc.pid}, ""
 
-    def look(self, t: dict, proc: ForkedTrial) -> Look:
+    def look(self, t: dict, proc: Forked) -> Look:
         follower = self.followers.setdefault(t["id"], metrics.Follower(t["run_dir"]))
         evals = [(r["step"], r["accuracy"]) for r in follower.read() if r.get("kind") == "eval"]
         code = proc.poll()
@@ -82,7 +83,7 @@ class LocalTrials:
         self.followers.pop(t["id"], None)
         return Look(evals, over=True, code=code, tail=tail(Path(t["run_dir"]) / "trial.log"))
 
-    def stop(self, t: dict, proc: ForkedTrial) -> None:
+    def stop(self, t: dict, proc: Forked) -> None:
         processes.stop(proc, t["run_dir"])
         self.slot_of.pop(t["id"], None)
 

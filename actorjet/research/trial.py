@@ -9,9 +9,9 @@ by default a free port on 127.0.0.1 and two runners of its own).  On a swarm's n
 node's TrialHost writes them (runner/trial_runs.py), with the seed of the study's model.
 
 The controller watches ``RUN_DIR/metrics.jsonl`` (the learner's periodic evals), never this
-process's output, and stops it by PID when the pruner says so.  A study's controller forks its
-trials from research/trial_server.py, which has run ``preload`` first; a swarm's node and the
-benches start this module as a process of its own.
+process's output, and stops it by PID when the pruner says so.  A study's controller and a
+swarm's node fork their trials from research/trial_server.py, which has run ``preload``
+first; the benches and tests/test_stops.py start this module as a process of its own.
 """
 from __future__ import annotations
 

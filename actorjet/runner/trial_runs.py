@@ -1,48 +1,41 @@
 """A node's research trials: each one a process of its own, watched from its files.
 
-The node's TrialHost actor (actors/trial_host.py) owns one ``TrialRuns``.  A trial runs as
-``python -m actorjet.research.trial RUN_DIR`` in ``NODE_DIR/trials/TRIAL_ID``: an embedded
-head on this node, on a free local port, with runner slots of its own, building the study's
-starting model here from its seed (hosts share nothing: the controller's model directory is
-not on this machine).  Its progress is read from its ``metrics.jsonl``, never its output.
+The node's TrialHost actor (actors/trial_host.py) owns one ``TrialRuns``.  A trial runs
+research/trial.py in ``NODE_DIR/trials/TRIAL_ID``, forked from the node's trial server
+(research/trial_server.py through runtime/forks.py, which has imported what a trial needs):
+an embedded head on this node, on a free local port, with runner slots of its own, building
+the study's starting model here from its seed (hosts share nothing: the controller's model
+directory is not on this machine).  Its progress is read from its ``metrics.jsonl``, never
+its output.
 
 Each trial leads its own process group (it and the head it embeds), so a stop ends with a
 SIGKILL of that group; and it gets SIGTERM, which stops its head cleanly, if the node's
-actor system dies under it (Linux's parent-death signal).
+actor system dies under it (Linux's parent-death signal, through the server).
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from actorjet.monitor import metrics
 from actorjet.runtime import system
-from actorjet.runtime.lineage import PR_SET_PDEATHSIG
+from actorjet.runtime.forks import ForkServer, Forked
 
 STOP_GRACE_S = 20.0
+TRIAL_SERVER = "actorjet.research.trial_server"   # the module, by name: the runner may not import research
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-
-
-def _term_with_parent() -> None:
-    """In the trial's process before exec: SIGTERM when the TrialHost's process dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
 @dataclass
 class Run:
     trial_id: str
     dir: Path
-    proc: subprocess.Popen
+    proc: Forked
     step: int = -1
     evals: list = field(default_factory=list)
     stop_by: float = 0.0         # stopping: the group is killed at this time if still alive
@@ -56,6 +49,7 @@ class TrialRuns:
     def __init__(self, base: Path):
         self.base = Path(base)
         self.runs: dict[str, Run] = {}
+        self.server = ForkServer(TRIAL_SERVER, self.base, term_with_parent=True)
 
     def start(self, trial_id: str, job: dict, model_seed: int, slots: int) -> None:
         """Start a trial (ValueError for an id that cannot name a directory, or one running)."""
@@ -71,10 +65,7 @@ class TrialRuns:
             model.pop("path", None)          # a directory of the controller's machine: built here
         (run / "job.json").write_text(json.dumps(job))
         (run / "trial.json").write_text(json.dumps({"slots": slots, "model_seed": model_seed}))
-        with open(run / "trial.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "actorjet.research.trial", str(run)], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_term_with_parent)
-        self.runs[trial_id] = Run(trial_id, run, proc)
+        self.runs[trial_id] = Run(trial_id, run, self.server.start(run))
 
     def stop(self, trial_id: str) -> None:
         """Ask it to stop (its head stops cleanly); ``poll`` kills its group after a grace."""
@@ -90,6 +81,7 @@ class TrialRuns:
             run.proc.wait()
             system.kill_head_of(run.dir)
         self.runs.clear()
+        self.server.close()
 
     def poll(self) -> list[tuple]:
         """What changed since the last poll: ("progress", id, step, evals) and

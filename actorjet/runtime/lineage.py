@@ -32,6 +32,15 @@ def die_with_parent() -> None:
         os._exit(0)
 
 
+def term_with_parent() -> None:
+    """Arm Linux's parent-death signal as SIGTERM, an orderly stop (a trial stops its head
+    cleanly): a swarm node's research trials, and the server they are forked from, end with
+    the node's TrialHost (runner/trial_runs.py, runtime/forks.py)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
 def exit_soon_after_sigterm(on_signal=None) -> None:
     """Keep thespian's SIGTERM handling (an orderly exit: the actor's own stop, its children
     asked to exit) but end the process SIGTERM_EXIT_S later if that has not finished.
