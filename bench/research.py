@@ -20,6 +20,7 @@ Prints a table and writes bench/results/research.json.  Target: ≤ 40 min in al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -39,6 +40,9 @@ sys.path.insert(0, str(HERE))
 from common import parse, table, write  # noqa: E402
 
 from actorjet.research.controller import score  # noqa: E402
+from actorjet.runner.trial_runs import TRIAL_SERVER  # noqa: E402
+from actorjet.runtime.forks import ForkServer  # noqa: E402
+from actorjet.runtime.system import kill_group  # noqa: E402
 from actorjet.research.plan import SEED_BASE  # noqa: E402
 from actorjet.research.study_spec import apply, load_study  # noqa: E402
 
@@ -70,12 +74,18 @@ def run_study(out: Path, study: Path, kills: int, rng: random.Random, expected_s
     return {"wall_s": time.time() - t0, "killed_at_s": killed}
 
 
-def run_job(job: dict, run_dir: Path) -> list:
-    """One trial, run to the end outside the study: its evals [(step, accuracy)]."""
+def run_job(server: ForkServer, job: dict, run_dir: Path) -> list:
+    """One trial, run to the end outside the study (forked as the study forks its trials):
+    its evals [(step, accuracy)]."""
     run_dir.mkdir(parents=True)
     (run_dir / "job.json").write_text(json.dumps(job))
-    subprocess.run([sys.executable, "-m", "actorjet.research.trial", str(run_dir)], cwd=REPO,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=900)
+    trial = server.start(run_dir)
+    try:
+        code = trial.wait(900)
+    finally:
+        kill_group(trial.pid)        # (a no-op once it has ended: its head stopped with it)
+    if code != 0:
+        raise RuntimeError(f"the trial in {run_dir} failed (exit status {code}): see its trial.log")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["accuracy"]) for r in rows if r.get("kind") == "eval"]
 
@@ -86,7 +96,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = parse(ap, {"kills": 0})    # (tests/test_research.py kills a controller)
     t_start = time.time()
-    with tempfile.TemporaryDirectory() as tmp_name:
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.closing(ForkServer(TRIAL_SERVER, Path(tmp_name))) as server:
         tmp = Path(tmp_name)
         study_file = STUDY
         if args.smoke:
@@ -127,7 +137,7 @@ def main() -> None:
         finals = {}
         for stage, arm, seed, state, params, evals, metric, _ in explore:
             if state == "pruned":
-                evals = run_job(job_for(json.loads(params), seed), tmp / "unpruned" / arm)
+                evals = run_job(server, job_for(json.loads(params), seed), tmp / "unpruned" / arm)
                 finals[arm] = score(evals, study["metric"], steps)
             elif state == "done":
                 finals[arm] = metric
@@ -139,7 +149,7 @@ def main() -> None:
         grid = [math.exp(math.log(lo) + i * (math.log(hi) - math.log(lo)) / (n - 1)) for i in range(n)]
         grid_scores = []
         for i, lr in enumerate(grid):
-            evals = run_job(job_for({lr_knob: lr}, SEED_BASE["explore"]), tmp / "grid" / f"{i}")
+            evals = run_job(server, job_for({lr_knob: lr}, SEED_BASE["explore"]), tmp / "grid" / f"{i}")
             grid_scores.append(score(evals, study["metric"], steps))
         k = max(range(n), key=lambda i: grid_scores[i])
         grid_range = [grid[max(0, k - 1)], grid[min(n - 1, k + 1)]]
