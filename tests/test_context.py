@@ -106,7 +106,7 @@ def packed_for(group, mode):
 
 
 def test_a_tree_mask_row_holds_the_token_and_exactly_its_ancestors():
-    """rl/grpo.py ``ancestors`` (pointer doubling) against walking each token's parents one
+    """rl/grpo.py ``ancestors`` (chain by chain) against walking each token's parents one
     by one, on random forests: chains, bushes, several roots, a single token."""
     rng = random.Random(7)
     for n in [1, 2, 3, 17, 64, 200] + [rng.randint(1, 120) for _ in range(30)]:

@@ -59,3 +59,30 @@ def test_a_forked_child_ends_with_its_servers_owner_only_when_chained(tmp_path, 
                 psutil.Process(pid).kill()
             except psutil.Error:
                 pass
+
+
+def test_a_child_outlives_its_killed_server_and_is_then_judged_by_its_pid(tmp_path, monkeypatch):
+    """The server's replies end (killed, or the reading thread ended): a child's status then
+    comes from its PID, alive or gone, and the next start brings up a new server."""
+    from actorjet.runtime.forks import ForkServer
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    server = ForkServer("fork_child", tmp_path / "runs")
+    runs = [tmp_path / "runs" / name for name in ("one", "two")]
+    for run in runs:
+        run.mkdir(parents=True)
+    children = []
+    try:
+        children.append(server.start(runs[0]))
+        first_server = server.pid
+        os.kill(first_server, signal.SIGKILL)
+        wait_until(lambda: server.server_gone, 10, what="the reading thread to see the server end")
+        assert children[0].poll() is None                    # still sleeping: running, as far as anyone knows
+        children[0].kill()
+        wait_until(lambda: children[0].poll() == 1, 10, what="the child, gone, judged by its PID")
+        children.append(server.start(runs[1]))              # a new server for the next child
+        assert server.pid not in (None, first_server) and children[1].poll() is None
+    finally:
+        for child in children:
+            child.kill()
+        server.close()

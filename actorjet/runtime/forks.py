@@ -38,7 +38,9 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from actorjet.runtime import heap, lineage
+import psutil
+
+from actorjet.runtime import heap, lineage, system
 from actorjet.runtime.leave import run_then_leave
 
 START_S = 120.0      # the first child waits for the server's imports (seconds on a loaded machine)
@@ -155,18 +157,22 @@ class ForkServer:
                          name="fork-server").start()
 
     def _read(self, proc: subprocess.Popen, replies: queue.Queue) -> None:
-        for line in proc.stdout:
-            msg = json.loads(line)
-            if "code" in msg:
-                with self.changed:
-                    self.codes[msg["pid"]] = msg["code"]
-                    self.changed.notify_all()
-            else:
-                replies.put(msg)
-        replies.put(None)
-        with self.changed:
-            self.server_gone = True
-            self.changed.notify_all()
+        """The server's replies, until it ends.  However this thread ends, the server counts as
+        gone: a waiting start fails at once, and children are then judged by their PIDs."""
+        try:
+            for line in proc.stdout:
+                msg = json.loads(line)
+                if "code" in msg:
+                    with self.changed:
+                        self.codes[msg["pid"]] = msg["code"]
+                        self.changed.notify_all()
+                else:
+                    replies.put(msg)
+        finally:
+            replies.put(None)
+            with self.changed:
+                self.server_gone = True
+                self.changed.notify_all()
 
     def code(self, pid: int) -> int | None:
         """A child's exit status, None while it runs.  Had the server died first (nobody kills
@@ -176,11 +182,9 @@ class ForkServer:
                 return self.codes[pid]
             if not self.server_gone:
                 return None
-        import psutil
-
         try:
-            return None if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE else 1
-        except psutil.Error:
+            return None if system.still_running(psutil.Process(pid)) else 1
+        except psutil.NoSuchProcess:
             return 1
 
     def close(self) -> None:
