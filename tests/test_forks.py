@@ -82,6 +82,12 @@ def test_a_child_outlives_its_killed_server_and_is_then_judged_by_its_pid(tmp_pa
         wait_until(lambda: children[0].poll() == 1, 10, what="the child, gone, judged by its PID")
         children.append(server.start(runs[1]))              # a new server for the next child
         assert server.pid not in (None, first_server) and children[1].poll() is None
+        with server.changed:                              # what its reading thread leaves if it dies
+            server.server_gone = True                     # while the server itself still runs
+        stale = server.pid
+        children.append(server.start(runs[0]))             # ...and is replaced, not asked in vain
+        assert server.pid not in (None, stale)
+        wait_until(lambda: gone([stale]), 10, what="the stale server to end")
     finally:
         for child in children:
             child.kill()

@@ -133,7 +133,9 @@ class ForkServer:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def start(self, run_dir: Path) -> "Forked":
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is not None and (self.server_gone or self.proc.poll() is not None):
+            self.close()           # dead, or its replies stopped: a new server (children run on)
+        if self.proc is None:
             self._spawn()
         self.proc.stdin.write(json.dumps({"run_dir": str(run_dir)}) + "\n")
         self.proc.stdin.flush()
