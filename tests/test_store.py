@@ -36,6 +36,8 @@ def test_a_group_is_trainable_only_when_every_member_has_a_reward(tmp_path):
     assert batch["group_ids"] == ["g1"] and batch["stats"]["episodes"] == 3
     assert sorted(batch["stats"]["by_task"]) == ["t"] and batch["samples"]
     assert store.is_closed("g1.1") and store.calls(["g1.1"]) == {"g1.1": []}    # its calls are gone
+    store.trained(["g1"], 1)                  # three members trained, whatever their episodes were
+    assert store.counts() == {"complete": 1, "trained": 1, "quarantined": 0, "pending": 0, "episodes_trained": 3}
 
 
 def test_learner_restarts_rewind_to_the_checkpoint_and_nothing_trains_twice(tmp_path):
@@ -146,15 +148,16 @@ def test_retention_waits_for_a_group_to_be_told(tmp_path):
     assert store.retain(1) == {"groups": 1, "episodes": 2}
 
 
-def test_a_store_from_before_gets_the_logged_column_and_its_groups_count_as_told(tmp_path):
+def test_a_store_from_before_gets_the_logged_and_members_columns_and_its_groups_count_as_told(tmp_path):
     import sqlite3
 
     from actorjet.store import completed
 
     store = EpisodeStore(tmp_path / "s.sqlite")
     finish(store, "g1", [1.0, 0.0])
+    store.trained([g["group_id"] for g in store.take({}, 1)], 1)
     store.close_db()
-    with sqlite3.connect(tmp_path / "s.sqlite") as db:               # as the store was before this column
+    with sqlite3.connect(tmp_path / "s.sqlite") as db:               # as the store was before these columns
         db.executescript("CREATE TABLE old AS SELECT group_id, task_name, behavior, version, size, complete_at, "
                          "taken, trained_step, quarantine FROM groups; DROP TABLE groups; "
                          "ALTER TABLE old RENAME TO groups")
@@ -163,6 +166,7 @@ def test_a_store_from_before_gets_the_logged_column_and_its_groups_count_as_told
     finish(again, "g2", [1.0])
     assert [g["group_id"] for g in completed.news(again)] == ["g2"]
     assert again.retain(0) == {"groups": 0, "episodes": 0} and again.counts()["complete"] == 2
+    assert again.counts()["episodes_trained"] == 2                    # g1's members, counted when it opened
 
 
 def test_the_store_records_each_episodes_timeline_in_order_and_the_batch_carries_it(tmp_path):

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from actorjet.runtime.messages import Message
+
 # --- work: leases, results, training progress ---------------------------------------------
 
 @dataclass
-class LoadWeights:
+class LoadWeights(Message):
     version: int
     path: str
     adapter: str = ""       # a model sharing the engine's base: its adapter (engine.py)
 
 
 @dataclass
-class LeaseRequest:
+class LeaseRequest(Message):
     runner_id: str
     max_groups: int
     behaviors: dict = field(default_factory=dict)   # name → version the runner already has
@@ -29,21 +31,21 @@ class LeaseRequest:
 
 
 @dataclass
-class Leases:
+class Leases(Message):
     leases: list                 # [{lease_id, group_id, task_name, task, urls, behavior, version, episodes, timeout_s}]
     behaviors: dict              # name → signed payload (behaviors.py), only new ones
     tag: str = ""
 
 
 @dataclass
-class NoWork:
+class NoWork(Message):
     retry_s: float
     reason: str = ""
     tag: str = ""
 
 
 @dataclass
-class Batch:
+class Batch(Message):
     """Many control messages in one frame: the door's lease requests and results taken since
     its last turn (every 20 ms), and the registry's answers to them.  thespian spends most of a
     message's cost on the frame, not on what it carries, so at hundreds of outbound runners
@@ -52,7 +54,7 @@ class Batch:
 
 
 @dataclass
-class AbandonLease:
+class AbandonLease(Message):
     """Registry → runner: this lease expired (its episodes made no LLM call for the idle
     limit, or ran past the total limit): report its unfinished episodes as failed now and
     abandon their threads, as at the runner's own time limit."""
@@ -61,7 +63,7 @@ class AbandonLease:
 
 
 @dataclass
-class GroupResult:
+class GroupResult(Message):
     """Runner → registry when a lease's episodes ended: each one ran and its reward is in
     every model's store (no ``error``), or it failed (``error``: why).  No rewards: the
     stores hold them and judge the group (store/completed.py); the registry only re-leases."""
@@ -71,7 +73,7 @@ class GroupResult:
 
 
 @dataclass
-class Quarantined:
+class Quarantined(Message):
     """Learner → registry: a group left training for good (counted in status and metrics)."""
     model: str
     group_id: str
@@ -79,7 +81,7 @@ class Quarantined:
 
 
 @dataclass
-class StoreCounts:
+class StoreCounts(Message):
     """Learner → registry after every step and quarantine: its model's episode store counts
     (``episodes_trained`` …), so status follows the store (a rewound group is not counted as
     trained twice)."""
@@ -88,7 +90,7 @@ class StoreCounts:
 
 
 @dataclass
-class StoreNews:
+class StoreNews(Message):
     """Gateway → registry, every second: what its model's store judged.  ``completed``: the
     groups that became complete since it last said, each with its rewards (group_id,
     task_name, behavior, version, rewards: RUN_DIR/groups.jsonl, which code produced which
@@ -102,13 +104,13 @@ class StoreNews:
 
 
 @dataclass
-class GroupsLogged:
+class GroupsLogged(Message):
     """Registry → gateway: these groups are in groups.jsonl; mark them told (store/completed.py)."""
     group_ids: list
 
 
 @dataclass
-class Progress:
+class Progress(Message):
     """Engine or gateway → registry, every second: a counter that moves while it works
     (engine: batches; gateway: turns of its server loop) and how much work waits for it
     (the registry's watchdog finds a child that is alive but stuck)."""
@@ -119,7 +121,7 @@ class Progress:
 
 
 @dataclass
-class Hardware:
+class Hardware(Message):
     """Engine or learner → registry: the device it runs on (``device = "auto"`` decided there)
     and its memory (engine: the kept KV caches' budget and use, MB; learner: its share of the
     GPU), for status: at start, and from an engine every second."""
@@ -129,7 +131,7 @@ class Hardware:
 
 
 @dataclass
-class EngineReplicas:
+class EngineReplicas(Message):
     """Gateway → registry, every second: how it spreads calls over its engine replicas
     (per replica: url, out, outstanding, served, failed; serving/engine_client.py), for status."""
     model: str
@@ -137,14 +139,14 @@ class EngineReplicas:
 
 
 @dataclass
-class Stall:
+class Stall(Message):
     """Test hook: an engine's batcher thread, or a gateway's server loop, sleeps ``seconds``
     (a child that hangs while its process answers)."""
     seconds: float
 
 
 @dataclass
-class CloseEpisodes:
+class CloseEpisodes(Message):
     """Registry → gateways: these episodes ended without being trained (failed, aborted,
     expired, or their group was dropped): refuse their keys, free their recorded calls.
     ``cause`` is what an agent that still uses a key is told (with a 409)."""
@@ -153,7 +155,7 @@ class CloseEpisodes:
 
 
 @dataclass
-class EpisodeActivity:
+class EpisodeActivity(Message):
     """Gateway → registry, once a second: the episodes that called this model since the last
     report.  The registry stamps them with its own clock (hosts share none) and keeps their
     leases alive: the episode limit is an idle limit, not a wall-clock one."""
@@ -162,7 +164,7 @@ class EpisodeActivity:
 
 
 @dataclass
-class Resumed:
+class Resumed(Message):
     """Learner → registry when it starts from what an earlier run (or its crashed self) left:
     the checkpoint's step, the weight version it publishes, and how many groups the store made
     pending again (trained or taken after that checkpoint).  ``status`` shows it (recovered)."""
@@ -173,7 +175,7 @@ class Resumed:
 
 
 @dataclass
-class DiskFull:
+class DiskFull(Message):
     """Any writer of the run directory → registry: ``who`` (e.g. "gateway.MODEL") could not
     write for want of space (``cause``), or can again (``cause=""``).  While any report
     stands no episode is leased (actorjet/disk.py)."""
@@ -182,7 +184,7 @@ class DiskFull:
 
 
 @dataclass
-class Trained:
+class Trained(Message):
     """Learner → registry after each optimizer step."""
     model: str
     step: int
@@ -194,7 +196,7 @@ class Trained:
 
 
 @dataclass
-class Evaluated:
+class Evaluated(Message):
     """Learner → registry after an evaluation's metrics lines (one per task): a learner done
     with training counts as finished only then."""
     model: str
@@ -202,7 +204,7 @@ class Evaluated:
 
 
 @dataclass
-class ClientEvent:
+class ClientEvent(Message):
     """Gateway → registry: a client-mode episode was opened (a lease of one member, timed like
     any other), ended (its reward is in the stores) or aborted."""
     event: dict
@@ -211,7 +213,7 @@ class ClientEvent:
 # --- live code iteration (actorjet upgrade / rollback) -------------------------------------
 
 @dataclass
-class Upgrade:
+class Upgrade(Message):
     """`actorjet upgrade` → registry: new code for the behavior of task ``upload["name"]``."""
     upload: dict                 # behaviors.py sign_upload(): {name, blob, source, sig}
     canary: int = 0              # episodes to run on one runner before anyone else gets it
@@ -220,14 +222,14 @@ class Upgrade:
 
 
 @dataclass
-class Rollback:
+class Rollback(Message):
     name: str
     to: int | None = None        # None: the version that was current before this one
     policy: str = "finish"
 
 
 @dataclass
-class UpgradeReply:
+class UpgradeReply(Message):
     ok: bool
     name: str
     version: int | None = None
@@ -237,14 +239,14 @@ class UpgradeReply:
 
 
 @dataclass
-class BehaviorUpdate:
+class BehaviorUpdate(Message):
     """Registry → runner: swap to this version between episodes (policy for the ones in flight)."""
     payload: dict                # signed: behaviors.py sign()
     policy: str = "finish"
 
 
 @dataclass
-class BehaviorLoaded:
+class BehaviorLoaded(Message):
     """Runner → registry: the version it now runs, or why it could not load it."""
     runner_id: str
     name: str
@@ -253,14 +255,14 @@ class BehaviorLoaded:
 
 
 @dataclass
-class Canary:
+class Canary(Message):
     """Registry → one runner: load this version and run these episodes; train nothing."""
     payload: dict
     lease: dict                  # {group_id, tasks: [...], urls, episodes: [{episode_id, api_key}]}
 
 
 @dataclass
-class CanaryResult:
+class CanaryResult(Message):
     runner_id: str
     name: str
     version: int
@@ -273,14 +275,14 @@ class CanaryResult:
 # --- cocktail: tasks while training runs (actorjet task add | pause | resume | remove) -------
 
 @dataclass
-class TaskCommand:
+class TaskCommand(Message):
     action: str                  # add | pause | resume | remove
     name: str
     config: dict = field(default_factory=dict)   # for add: {source, behavior, weight}
 
 
 @dataclass
-class TaskReply:
+class TaskReply(Message):
     ok: bool
     error: str = ""
     tasks: dict = field(default_factory=dict)

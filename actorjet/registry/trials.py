@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from actorjet.runtime.messages import Message
+
 ACTIVE = ("starting", "running", "stopping")
 KEEP_ENDED = 1000            # ended trials remembered for their controllers to read (oldest go first)
 
@@ -30,7 +32,7 @@ KEEP_ENDED = 1000            # ended trials remembered for their controllers to 
 
 
 @dataclass
-class SubmitTrial:
+class SubmitTrial(Message):
     trial_id: str
     job: dict
     model_seed: int              # the study's one starting model is built from this seed
@@ -39,19 +41,19 @@ class SubmitTrial:
 
 
 @dataclass
-class TrialQuery:
+class TrialQuery(Message):
     trial_id: str = ""           # "" → every trial, and the swarm's trial capacity
     tag: str = ""
 
 
 @dataclass
-class CancelTrial:
+class CancelTrial(Message):
     trial_id: str
     tag: str = ""
 
 
 @dataclass
-class TrialAnswer:
+class TrialAnswer(Message):
     status: int                  # the HTTP status the door answers with
     body: dict
     tag: str = ""
@@ -60,7 +62,7 @@ class TrialAnswer:
 # --- the registry and a node's TrialHost -------------------------------------------------
 
 @dataclass
-class RunTrial:
+class RunTrial(Message):
     trial_id: str
     job: dict
     model_seed: int
@@ -68,19 +70,19 @@ class RunTrial:
 
 
 @dataclass
-class StopTrial:
+class StopTrial(Message):
     trial_id: str
 
 
 @dataclass
-class TrialProgress:
+class TrialProgress(Message):
     trial_id: str
     step: int                    # the learner's last step
     evals: list                  # [(step, accuracy)] of the periodic held-out evals
 
 
 @dataclass
-class TrialEnded:
+class TrialEnded(Message):
     trial_id: str
     code: int                    # the trial process's exit status (0: trained and evaluated)
     log_tail: str = ""

@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS groups (
     version      INTEGER,
     size         INTEGER NOT NULL,
     complete_at  REAL,                        -- every member has a reward (NULL: not yet)
+    members      INTEGER,                     -- members with a reward, as last judged (counts())
     taken        INTEGER,                     -- claimed by the learner for a batch
     taken_at     REAL,                        -- when (the step timeline)
     trained_step INTEGER,                     -- learner step that trained it
@@ -144,6 +145,10 @@ class EpisodeStore:
             self.db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")
         if groups and "taken_at" not in groups:    # from before the step timeline
             self.db.execute("ALTER TABLE groups ADD COLUMN taken_at REAL")
+        if groups and "members" not in groups:     # from before counts() read them from the groups
+            self.db.execute("ALTER TABLE groups ADD COLUMN members INTEGER")
+            self.db.execute("UPDATE groups SET members = (SELECT COUNT(DISTINCT member) FROM episodes e "
+                            "WHERE e.group_id = groups.group_id AND e.reward IS NOT NULL)")
         episodes = [r[1] for r in self.db.execute("PRAGMA table_info(episodes)")]
         if episodes and "times" not in episodes:
             self.db.execute("ALTER TABLE episodes ADD COLUMN times TEXT")
@@ -281,9 +286,11 @@ class EpisodeStore:
     @staticmethod
     def _judge(db, group_id: str, now: float) -> None:
         """Complete when every member has a reward; an untaken group can become incomplete
-        again when one of its episodes is closed."""
-        db.execute("UPDATE groups SET complete_at = CASE WHEN (SELECT COUNT(DISTINCT member) FROM episodes "
-                   "WHERE group_id = ?1 AND reward IS NOT NULL) >= size THEN COALESCE(complete_at, ?2) END "
+        again when one of its episodes is closed.  A taken group is judged no more: its
+        ``members`` are the ones the learner took (what ``counts`` reports once trained)."""
+        db.execute("UPDATE groups SET members = (SELECT COUNT(DISTINCT member) FROM episodes "
+                   "WHERE group_id = ?1 AND reward IS NOT NULL) WHERE group_id = ?1 AND taken IS NULL", (group_id,))
+        db.execute("UPDATE groups SET complete_at = CASE WHEN members >= size THEN COALESCE(complete_at, ?2) END "
                    "WHERE group_id = ?1 AND taken IS NULL", (group_id, now))
 
     def close(self, episode_ids: list[str], cause: str = "") -> None:
@@ -391,14 +398,15 @@ class EpisodeStore:
 
     def counts(self) -> dict[str, int]:
         """Groups complete, trained, quarantined, pending; episodes in trained groups (what
-        `status` reports as episodes.trained).  Retired groups (``retain``) count as trained."""
+        `status` reports as episodes.trained).  Retired groups (``retain``) count as trained.
+        The learner sends them after every step: one pass over the groups, never the episodes
+        (their distinct members made it 8.6 ms at 1,600 groups, 30 ms at 6,400, under the
+        lock the gateway's writer waits on)."""
         with self.lock:
-            complete, trained, bad = self.db.execute(
-                "SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine) FROM groups "
+            complete, trained, bad, episodes = self.db.execute(
+                "SELECT COUNT(*), COUNT(trained_step), COUNT(quarantine), "
+                "COALESCE(SUM(CASE WHEN trained_step IS NOT NULL THEN members END), 0) FROM groups "
                 "WHERE complete_at IS NOT NULL").fetchone()
-            (episodes,) = self.db.execute(
-                "SELECT COUNT(DISTINCT group_id || '/' || member) FROM episodes WHERE reward IS NOT NULL "
-                "AND group_id IN (SELECT group_id FROM groups WHERE trained_step IS NOT NULL)").fetchone()
             old_groups, old_episodes = self.db.execute(
                 "SELECT COALESCE(MAX(groups), 0), COALESCE(MAX(episodes), 0) FROM retired").fetchone()
         complete, trained, episodes = complete + old_groups, trained + old_groups, episodes + old_episodes
