@@ -68,10 +68,12 @@ def plot(r: dict, path: Path) -> None:
 
 def soak(swarm: Swarm, net: "hosts.Network", tmp: Path, minutes: float, fault_every_s: float, warmup_s: float,
          window_s: float, seed: int = 0, sample_s: float = 10.0, faults_from_s: float | None = None,
-         faults_until_s: float | None = None) -> dict:
+         faults_until_s: float | None = None, episode_s: float = 0.0) -> dict:
     """The bench's run on the hosts given (tests/test_soak.py runs it at the suite's scale, with
-    its own swarm and network: that run is also what keeps this bench from rotting)."""
-    run = Soak(swarm, net, tmp, seed=seed)
+    its own swarm and network: that run is also what keeps this bench from rotting).
+    ``episode_s``: each episode first waits that long, as an agent's tools would (0: the
+    loop takes every core it can get, which is how the hour-long run judges)."""
+    run = Soak(swarm, net, tmp, seed=seed, episode_s=episode_s)
     run.start()
     print(f"training for {minutes:g} min, a fault every {fault_every_s:g} s ...", flush=True)
     run.run_for(minutes * 60, fault_every_s, sample_s=sample_s, faults_from_s=faults_from_s,
@@ -101,19 +103,25 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=600.0, help="seconds before growth is measured (default 600)")
     ap.add_argument("--window", type=float, default=600.0, help="first/last window for rates and disk (default 600)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--episode-s", type=float, default=0.0,
+                    help="each episode first waits this long, as an agent's tools would (default 0: the loop takes "
+                    "every core it can; tests/test_soak.py runs with 1)")
     ap.add_argument("--name", default="soak", help="results file name (default soak)")
     args = parse(ap, {"minutes": 0.75, "fault_every": 15.0, "warmup": 10.0, "window": 10.0})
     for name in ("minutes", "fault_every", "warmup", "window"):
         value = getattr(args, name)
         if not math.isfinite(value) or value <= 0:
             ap.error(f"--{name.replace('_', '-')} must be a positive number of {'minutes' if name == 'minutes' else 'seconds'}")
+    if not math.isfinite(args.episode_s) or args.episode_s < 0:
+        ap.error("--episode-s must be a number of seconds, 0 or more")
     why = hosts.unavailable()
     if why:
         sys.exit(f"bench/soak.py runs every node on its own host (network namespace): {why}")
     with tempfile.TemporaryDirectory() as tmp:
         swarm, net = Swarm(Path(tmp)), hosts.Network()
         try:
-            result = soak(swarm, net, Path(tmp), args.minutes, args.fault_every, args.warmup, args.window, args.seed)
+            result = soak(swarm, net, Path(tmp), args.minutes, args.fault_every, args.warmup, args.window, args.seed,
+                          episode_s=args.episode_s)
         finally:
             swarm.cleanup()
             left = len(swarm.leftovers())

@@ -55,6 +55,7 @@ class Soak:
     net: hosts.Network
     tmp: Path
     seed: int = 0
+    episode_s: float = 0.0       # each episode waits this long first (an agent's tool time); 0: none
     samples: list[Sample] = field(default_factory=list)
     faults: list[tuple[float, str]] = field(default_factory=list)      # (t, what)
     accounted: int = 0           # groups the registries issued, less those dropped or still open, over head restarts
@@ -63,8 +64,12 @@ class Soak:
         self.lock = threading.RLock()
         self.run = self.tmp / "run"
         self.job = self.tmp / "job.toml"
+        behavior = "agents.arithmetic:behavior"
+        if self.episode_s:          # every episode "hangs" that long, then runs as ever (agents/flaky_arithmetic.py)
+            behavior = "agents.flaky_arithmetic:behavior"
+            self.swarm.env.update(AJ_FLAKY_RAISE="0", AJ_FLAKY_HANG="1", AJ_FLAKY_HANG_S=str(self.episode_s))
         self.job.write_text(jobs.tiny_arith(10 ** 6, group_size=8, groups_per_step=GROUPS, runner_concurrency=16,
-                                            model="checkpoint_every = 10", behavior="agents.arithmetic:behavior"))
+                                            model="checkpoint_every = 10", behavior=behavior))
         self.tree = str(REPO / "supervisors" / "default.toml")
         self.head_host, self.a, self.b = self.net.host("head"), self.net.host("a"), self.net.host("b")
         self.net.outbound_only(self.b)
