@@ -132,6 +132,9 @@ def main() -> None:
         swarm, net = Swarm(Path(tmp_name)), hosts.Network()
         try:
             result = run(swarm, net, Path(tmp_name), args.steps, rng)
+        except BaseException:
+            print(swarm.post_mortem(), flush=True)      # what the swarm said, before cleanup ends it
+            raise
         finally:
             swarm.cleanup()
             left = len(swarm.leftovers())
@@ -173,24 +176,32 @@ def run(swarm: Swarm, net: hosts.Network, tmp: Path, steps: int, rng: random.Ran
     chaos.join("b")
     at = sorted(rng.sample(range(3, steps - 8), 9))      # the learner steps at which faults happen
     runner_s, learner_s = [], []
-    chaos.wait_step(at[0])
+    t0 = time.time()
+
+    def at_step(k: int, fault: str) -> None:
+        """Wait for the k-th fault's step and say which fault comes (a hung run shows where)."""
+        chaos.wait_step(at[k])
+        print(f"{time.time() - t0:6.1f} s, step {at[k]}: {fault}", flush=True)
+
+    at_step(0, "SIGKILL runner-a-0")
     runner_s.append(chaos.kill_runner("runner-a-0"))
-    chaos.wait_step(at[1])
+    at_step(1, "SIGKILL the gateway")
     gateway_s = chaos.kill_actor("model.policy/gateway")
-    chaos.wait_step(at[2])
+    at_step(2, "SIGKILL the learner")
     learner_s.append(chaos.kill_actor("model.policy/learner"))
-    chaos.wait_step(at[3])
+    at_step(3, "SIGKILL runner-b-1")
     runner_s.append(chaos.kill_runner("runner-b-1"))
-    chaos.wait_step(at[4])
+    at_step(4, "node a dies, node c joins")
     chaos.kill_node("a", "c")
-    chaos.wait_step(at[5])
+    at_step(5, "the head dies and is started again")
     head_s = chaos.kill_head()
-    chaos.wait_step(at[6])
+    at_step(6, "SIGKILL runner-c-0")
     runner_s.append(chaos.kill_runner("runner-c-0"))
-    chaos.wait_step(at[7])
+    at_step(7, "SIGKILL the learner")
     learner_s.append(chaos.kill_actor("model.policy/learner"))
-    chaos.wait_step(at[8])
+    at_step(8, "SIGKILL runner-b-0")
     runner_s.append(chaos.kill_runner("runner-b-0"))
+    print(f"{time.time() - t0:6.1f} s: every fault injected, training on to step {steps}", flush=True)
     wait_until(lambda: chaos.status()["training_finished"], 600, interval_s=0.5, what=f"{steps} steps")
     # Count when quiescent: runners finish the groups they hold after training ends.
     snapshot = {}

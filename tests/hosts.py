@@ -67,7 +67,7 @@ class Host:
 class Network:
     def __init__(self):
         self.tag = f"aj{os.getpid() % 1000}{random.randint(0, 999)}"
-        self.subnet = f"10.{random.randint(200, 250)}.{random.randint(1, 250)}"
+        self.subnet = _free_subnet()
         self.bridge = f"{self.tag}br"
         self.gateway_ip = f"{self.subnet}.1"
         self.hosts: list[Host] = []
@@ -114,6 +114,18 @@ class Network:
                 _ip("link", "del", host.link, check=False)
             _ip("netns", "del", host.ns, check=False)
         _ip("link", "del", self.bridge, check=False)
+
+
+def _free_subnet() -> str:
+    """A 10.X.Y/24 no address of this machine is in yet: the suite's workers and the benches
+    they start each make networks at once, and two bridges on one subnet would route one
+    swarm's packets to the other's hosts (a drawn subnet was never checked before)."""
+    taken = {".".join(word.split("/")[0].split(".")[:3])
+             for word in _ip("-o", "-4", "addr", "show").stdout.split() if word.startswith("10.")}
+    while True:
+        subnet = f"10.{random.randint(200, 250)}.{random.randint(1, 250)}"
+        if subnet not in taken:
+            return subnet
 
 
 def _wait_reachable(host: Host, timeout_s: float = 10.0) -> None:

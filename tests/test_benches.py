@@ -3,9 +3,11 @@ it (`python bench/NAME.py --smoke`), its JSON is read back and one figure of it 
 no process it started is left behind.  bench/gpu_check.sh --dry-run runs kept_caches, scale,
 long_sample, vs_trl and rl_throughput at tiny sizes; a bench whose run a test already makes at
 its own scale is kept working by that test (RUN_BY_TESTS); the others run here one by one."""
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -94,6 +96,18 @@ def test_every_bench_has_a_smoke_size_that_the_suite_runs():
         assert f"bench/{name}.py" in (ROOT / test).read_text(), f"{test} no longer runs bench/{name}.py"
 
 
+BENCH_LIMIT_S = 240        # a smoke's limit: under the suite's 300 s a test (setup.cfg), with room to clean up
+
+
+def _log_tails(work: Path, lines: int = 15) -> str:
+    """The last lines of every log a killed bench left under its TMPDIR (its heads' and nodes')."""
+    parts = []
+    for log in sorted(work.rglob("*.log")):
+        with contextlib.suppress(OSError):
+            parts.append(f"--- {log.relative_to(work)}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+    return "\n".join(parts)
+
+
 def _started_by(tmp: Path) -> list[psutil.Process]:
     """Processes whose TMPDIR is this run's: the bench's own children, wherever they went."""
     found = []
@@ -113,10 +127,21 @@ def test_the_bench_runs_at_its_smoke_size(name, tmp_path):
         pytest.skip(f"bench/{name}.py runs every node on its own host: {hosts.unavailable()}")
     results, work = tmp_path / "results", tmp_path / "tmp"
     work.mkdir()
-    env = {**os.environ, "ACTORJET_BENCH_RESULTS": str(results), "TMPDIR": str(work)}
+    env = {**os.environ, "ACTORJET_BENCH_RESULTS": str(results), "TMPDIR": str(work), "PYTHONUNBUFFERED": "1"}
+    bench = subprocess.Popen([sys.executable, str(BENCH / f"{name}.py"), "--smoke"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        done = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--smoke"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=420)
+        out, err = bench.communicate(timeout=BENCH_LIMIT_S)
+    except subprocess.TimeoutExpired:     # before pytest's own limit, so that it says where it hung
+        bench.send_signal(signal.SIGINT)  # its own cleanup runs (swarm, network namespaces), then it is killed
+        try:
+            out, err = bench.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            bench.kill()
+            out, err = bench.communicate()
+        head = out[:2500] + ("\n[...]\n" if len(out) > 8500 else "")     # its progress, then where it ended
+        pytest.fail(f"bench/{name}.py --smoke ran past {BENCH_LIMIT_S} s; its output:\n{head}{out[2500:][-6000:]}\n"
+                    f"{err[-3000:]}\n{_log_tails(work)}")
     finally:
         deadline = time.time() + 10
         while _started_by(work) and time.time() < deadline:
@@ -124,7 +149,7 @@ def test_the_bench_runs_at_its_smoke_size(name, tmp_path):
         left = _started_by(work)
         for p in left:
             p.kill()
-    assert done.returncode == 0, done.stdout[-8000:] + done.stderr[-3000:]     # (a failed kill run prints its evidence)
+    assert bench.returncode == 0, out[-8000:] + err[-3000:]     # (a failed kill run prints its evidence)
     assert not left, f"bench/{name}.py left {[' '.join(p.cmdline()[:4]) for p in left]}"
     file, check = SMOKES[name]
     data = json.loads((results / f"{file}.json").read_text())
