@@ -62,8 +62,12 @@ def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorith
                 if new != step:
                     step = new
                     print(f"  {algorithm} seed {seed}: step {step} at {(time.time() - t0) / 60:.1f} min", flush=True)
-                if step >= steps and (steps % spec["models"][0]["eval_every"] or evaluated(run_dir, steps)):
-                    break    # (the last evaluation runs beside training and may end after it)
+                # Evaluations run beside training and may end after it: the one before training
+                # (a short run's step 2 came first on a busy machine, and it had no "before") and
+                # the last one, when the last step is one.
+                if step >= steps and evaluated(run_dir, 0) and (steps % spec["models"][0]["eval_every"]
+                                                                 or evaluated(run_dir, steps)):
+                    break
                 time.sleep(2)
             time.sleep(1)    # the last metric lines reach the registry's file
         finally:
