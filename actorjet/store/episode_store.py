@@ -362,10 +362,15 @@ class EpisodeStore:
         task, behavior, version = db.execute("SELECT task_name, behavior, version FROM groups WHERE group_id = ?",
                                              (group_id,)).fetchone()
         rewards = group_rewards(db, group_id)
+        rows: dict[str, list[tuple]] = {e: [] for e in rewards}      # one query for the group's calls
+        marks = ",".join("?" * len(rewards))
+        for row in db.execute(f"SELECT {','.join(COLUMNS)} FROM calls WHERE episode_id IN ({marks}) "
+                              "ORDER BY episode_id, call_index, choice", list(rewards)):
+            rows[row[0]].append(row)
         calls = {}
         for e in rewards:
             try:
-                calls[e] = self._compact([e], db)[e]
+                calls[e] = records_mod.decode(rows[e])
             except ValueError as err:       # a broken reference: the learner quarantines the group
                 calls[e] = [{"broken": str(err)}]
         return {"group_id": group_id, "task_name": task, "behavior": behavior, "version": version,
