@@ -129,34 +129,18 @@ class EpisodeStore:
             (MAX_CLOSED_IN_MEMORY,)))
 
     def _open_format(self) -> None:
-        """Create the tables, or bring a store of an older format up to this one: calls kept
-        as JSON records (format 0/1) are re-encoded episode by episode, in one transaction."""
+        """Create the tables, or bring a store of an older format up to this one
+        (store/upkeep.py: calls kept as JSON records re-encoded, columns added since)."""
         (version,) = self.db.execute("PRAGMA user_version").fetchone()
         old = [r[1] for r in self.db.execute("PRAGMA table_info(calls)")]
         if version > FORMAT:
             from actorjet.errors import UserError
             raise UserError(f"the episode store {self.path} has format {version}, newer than this ActorJet "
                             f"reads ({FORMAT}): upgrade ActorJet, or start a new run directory")
+        from actorjet.store import upkeep
         if "record" in old:
-            from actorjet.store import upkeep
             upkeep.migrate(self)
-        groups = [r[1] for r in self.db.execute("PRAGMA table_info(groups)")]
-        if groups and "logged" not in groups:      # from before the stores judged groups: all told
-            self.db.execute("ALTER TABLE groups ADD COLUMN logged REAL")
-            self.db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")
-        if groups and "taken_at" not in groups:    # from before the step timeline
-            self.db.execute("ALTER TABLE groups ADD COLUMN taken_at REAL")
-        if groups and "members" not in groups:     # from before counts() read them from the groups
-            self.db.execute("ALTER TABLE groups ADD COLUMN members INTEGER")
-            self.db.execute("UPDATE groups SET members = (SELECT COUNT(DISTINCT member) FROM episodes e "
-                            "WHERE e.group_id = groups.group_id AND e.reward IS NOT NULL)")
-        episodes = [r[1] for r in self.db.execute("PRAGMA table_info(episodes)")]
-        if episodes and "times" not in episodes:
-            self.db.execute("ALTER TABLE episodes ADD COLUMN times TEXT")
-        closed = [r[1] for r in self.db.execute("PRAGMA table_info(closed)")]
-        if closed and "cause" not in closed:
-            self.db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
-            self.db.execute("ALTER TABLE closed ADD COLUMN closed_at REAL")
+        upkeep.add_columns(self.db)
         self.db.executescript(SCHEMA)
         self.db.execute(f"PRAGMA user_version = {FORMAT}")
 

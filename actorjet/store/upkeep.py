@@ -1,7 +1,8 @@
 """The episode store's upkeep: retention and format migration (store/episode_store.py).
 
 Kept apart from the store's everyday API because they run rarely and touch every table:
-``retain`` after each learner checkpoint, ``migrate`` once when an older store is opened.
+``retain`` after each learner checkpoint; ``migrate`` (calls kept as JSON records) and
+``add_columns`` (columns added since) once when an older store is opened.
 """
 from __future__ import annotations
 
@@ -95,6 +96,28 @@ def forget_closed(store, keep_s: float) -> None:
         db.execute("DELETE FROM closed WHERE closed_at IS NOT NULL AND closed_at < ?", (old,))
         db.execute("DELETE FROM calls WHERE episode_id NOT IN (SELECT episode_id FROM episodes) "
                    "AND json_extract(meta, '$.created') < ?", (old,))
+
+
+def add_columns(db) -> None:
+    """The columns added to the store's tables since it was first written, each filled as a
+    store of that time would have it (a table not created yet gets them from SCHEMA)."""
+    groups = [r[1] for r in db.execute("PRAGMA table_info(groups)")]
+    if groups and "logged" not in groups:      # from before the stores judged groups: all told
+        db.execute("ALTER TABLE groups ADD COLUMN logged REAL")
+        db.execute("UPDATE groups SET logged = 0 WHERE complete_at IS NOT NULL")
+    if groups and "taken_at" not in groups:    # from before the step timeline
+        db.execute("ALTER TABLE groups ADD COLUMN taken_at REAL")
+    if groups and "members" not in groups:     # from before counts() read them from the groups
+        db.execute("ALTER TABLE groups ADD COLUMN members INTEGER")
+        db.execute("UPDATE groups SET members = (SELECT COUNT(DISTINCT member) FROM episodes e "
+                   "WHERE e.group_id = groups.group_id AND e.reward IS NOT NULL)")
+    episodes = [r[1] for r in db.execute("PRAGMA table_info(episodes)")]
+    if episodes and "times" not in episodes:
+        db.execute("ALTER TABLE episodes ADD COLUMN times TEXT")
+    closed = [r[1] for r in db.execute("PRAGMA table_info(closed)")]
+    if closed and "cause" not in closed:
+        db.execute("ALTER TABLE closed ADD COLUMN cause TEXT")
+        db.execute("ALTER TABLE closed ADD COLUMN closed_at REAL")
 
 
 def migrate(store) -> None:
