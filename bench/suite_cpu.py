@@ -18,9 +18,11 @@ samples every process on the machine twice a second:
     CPU goes to the test that worker runs then.
 
 What no test started (the kernel, this sampler, another user) is counted apart.  A process
-that lives less than a sample misses its last half second.  Prints the tests and the files
-that cost most, and writes bench/results/suite_cpu.json.  Nothing is judged: this is where
-the next cut of the suite's time is chosen (issue 51's 15 minutes).
+that lives less than a sample misses its last half second; pytest's own processes wait for
+one more sample as they exit, so a short test's CPU is not lost when the machine is so busy
+that no sample fell inside it.  Prints the tests and the files that cost most, and writes
+bench/results/suite_cpu.json.  Nothing is judged: this is where the next cut of the suite's
+time is chosen (issue 51's 15 minutes).
 """
 from __future__ import annotations
 
@@ -53,6 +55,18 @@ def pytest_runtest_logstart(nodeid, location):
     with open(os.path.join(folder, _worker() + ".tmp"), "w") as f:
         f.write(nodeid)
     os.replace(os.path.join(folder, _worker() + ".tmp"), os.path.join(folder, _worker()))
+def _samples():
+    try:
+        return int(open(os.path.join(os.environ["SUITE_CPU_DIR"], "samples")).read() or 0)
+    except (OSError, ValueError):
+        return 0
+def pytest_unconfigure(config):
+    # the CPU a process spent after the last sample is lost when it exits: wait for a sample
+    # that began after now (the one under way may have read this process already), 5 s at most
+    import time
+    seen, deadline = _samples(), time.time() + 5
+    while _samples() < seen + 2 and time.time() < deadline:
+        time.sleep(0.02)
 ''' % PREFIX
 
 
@@ -84,6 +98,7 @@ class Sampler:
         self.seen: dict[tuple[int, str], list] = {}                      # (pid, start) → [test, cpu so far, name]
         self.stop = threading.Event()
         self.first = True
+        self.samples = 0
 
     def running(self, worker: str) -> str:
         try:
@@ -119,6 +134,9 @@ class Sampler:
             else:
                 self.by_test[test] += spent
         self.first = False
+        self.samples += 1
+        (self.folder / "samples.tmp").write_text(str(self.samples))     # a worker waits for it at its exit
+        os.replace(self.folder / "samples.tmp", self.folder / "samples")
 
     def run(self) -> None:
         while not self.stop.is_set():
