@@ -43,11 +43,13 @@ def evaluated(run_dir: Path, step: int) -> bool:
 
 
 def run(seed: int, minutes: float, steps: int, slots: int, device: str, algorithm: str = "grpo",
-        eval_limit: int = 0, groups: int = 0) -> dict:
+        eval_limit: int = 0, groups: int = 0, group_size: int = 0) -> dict:
     spec = tomllib.loads((REPO / "agents" / "calculator.toml").read_text())
     spec["train"].update(seed=seed, steps=steps)
     if groups:
         spec["train"]["groups_per_step"] = groups
+    if group_size:
+        spec["train"]["group_size"] = group_size
     for model in spec["models"]:
         model.update(device=device, algorithm=algorithm, eval_limit=eval_limit)
     with tempfile.TemporaryDirectory(prefix="realmodel-") as tmp:
@@ -131,15 +133,19 @@ def main() -> None:
     p.add_argument("--table-from", default=None, metavar="JSON",
                    help="print the table and redraw the plot of a results file; runs nothing")
     p.add_argument("--eval-limit", type=int, default=0, help="held-out tasks per evaluation (0: all 128)")
-    p.add_argument("--groups", type=int, default=0, help="groups of 8 per step (0: the job's 8)")
-    a = parse(p, {"seeds": [0], "steps": 2, "minutes": 6.0, "eval_limit": 8, "groups": 1})
+    p.add_argument("--groups", type=int, default=0, help="groups per step (0: the job's 8)")
+    p.add_argument("--group-size", type=int, default=0, help="episodes per group (0: the job's 8)")
+    # the smoke's engine spent ~50 of its ~90 CPU-s sampling groups of 8 (its window holds two)
+    a = parse(p, {"seeds": [0], "steps": 2, "minutes": 6.0, "eval_limit": 4, "groups": 1, "group_size": 4})
+    if a.groups < 0 or a.group_size < 0 or a.group_size == 1 or a.eval_limit < 0:
+        p.error("--groups and --eval-limit take 0 or more, --group-size 0 or at least 2 (GRPO compares a group's episodes)")
     if a.table_from:
         runs = json.loads(Path(a.table_from).read_text())["runs"]
         show(runs)
         plot(runs, Path(a.table_from).with_suffix(".png"))
         return
     algorithms = [x.strip() for x in a.algorithms.split(",") if x.strip()]
-    runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo, a.eval_limit, a.groups)
+    runs = [run(s, a.minutes, a.steps, a.slots, a.device, algo, a.eval_limit, a.groups, a.group_size)
             for s in a.seeds for algo in algorithms]
     show(runs)
     name = "realmodel" if algorithms == ["grpo"] else "realmodel-algorithms"

@@ -30,6 +30,18 @@ sys.path.insert(0, str(HERE.parent))
 from common import parse, table, write  # noqa: E402
 
 CORES = os.cpu_count() or 2
+# What the ranks and engine replicas import, once: each is forked from one server process that
+# has imported it (multiprocessing's forkserver, as the runner's task workers are), where spawn
+# imported torch and transformers again in every process (~3.5 CPU-s each, five processes).
+# The server only imports: no torch op runs before a fork (a forked OpenMP pool deadlocks).
+PRELOAD = ["torch", "transformers", "actorjet.rl.ranks", "actorjet.rl.grpo", "actorjet.serving.weights",
+           "actorjet.serving.engine_wire", "actorjet.serving.transformers_engine", "actorjet.runtime.head"]
+
+
+def _processes() -> mp.context.BaseContext:
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def batch(seed: int = 0, episodes: int = 16, vocab: int = 90) -> list[dict]:
@@ -158,7 +170,7 @@ def learner_ranks(model_dir: str, repeats: int, device: str = "cpu") -> dict:
     one = _step_times(model_dir, samples, repeats)
     out = str(Path(os.environ.get("TMPDIR", "/tmp")) / f"scale-ranks-{os.getpid()}.json")
     port = free_port()
-    procs = [mp.get_context("spawn").Process(target=_step_times, args=(model_dir, samples, repeats, r, 2, port, out))
+    procs = [_processes().Process(target=_step_times, args=(model_dir, samples, repeats, r, 2, port, out))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -204,8 +216,8 @@ def engine_replicas(model_dir: str, n: int, episodes: int, device: str = "cpu") 
 
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     files = [tmp / f"scale-engine-{os.getpid()}-{k}" for k in range(n)]
-    procs = [mp.get_context("spawn").Process(target=_serve_engine, args=(model_dir, max(1, CORES // n), str(f), device),
-                                             daemon=True) for f in files]
+    procs = [_processes().Process(target=_serve_engine, args=(model_dir, max(1, CORES // n), str(f), device),
+                                  daemon=True) for f in files]
     for p in procs:
         p.start()
     try:

@@ -28,10 +28,10 @@ learner may still be loading, which stays on its clock) less its checkpoint writ
 
 Runs alternate framework order per seed (interleaved rounds), each in its own process.
 Prints time to 50/55/60% held-out accuracy, final accuracy, accuracy at equal wall time,
-s/step (overall, after step 10, and the time to step 10), the steps each needed to 55%,
-CPU-seconds per step after step 10 (TRL: its process, all threads; ActorJet: every process
-of the run, by actor), and where ActorJet's step time goes, with medians and 95% t intervals
-over seeds; writes bench/results/vs_trl.json (other --only/--runners/--concurrency/--steps:
+s/step (overall, after the warm-up of ``--warmup`` steps, 10, and the time to its end), the
+steps each needed to 55%, CPU-seconds per step after the warm-up (TRL: its process, all
+threads; ActorJet: every process of the run, by actor), and where ActorJet's step time goes,
+with medians and 95% t intervals over seeds; writes bench/results/vs_trl.json (other --only/--runners/--concurrency/--steps:
 a file named after them).
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ HTTP_AGENT = "actorjet_agents.arithmetic_http:behavior"     # --agent http: the 
 
 
 def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency: int = 64,
-                 device: str = "cpu", agent: str = "sdk") -> None:
+                 device: str = "cpu", agent: str = "sdk", warmup: int = 10) -> None:
     """The quickstart's job on an embedded head (the model built from seed 0, training seed
     ``seed``, a checkpoint every SNAPSHOT_EVERY steps, every one kept, no periodic evaluation),
     until the last step is trained; then every checkpoint is scored.  The clock starts at the
@@ -166,7 +166,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
             time.sleep(0.5)
             rows = follower.read()
             trained = max((r["step"] for r in rows if r.get("kind") == "train"), default=0)
-            if cpu_from is None and trained >= CPU_FROM_STEP:
+            if cpu_from is None and trained >= warmup:
                 roles = process_roles(head, str(out))
                 cpu_from = (trained, cpu_seconds({pid: pid for pid in roles}))
             if trained >= steps:
@@ -195,7 +195,7 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
         curve.append({"step": step, "clock_s": clock(step), "accuracy": greedy_accuracy(model, tok, score)})
     parts = {k: statistics.fmean(r[k] for r in trains.values()) for k in ("batch_wait_s", "train_s", "publish_s",
                                                                           "step_time_s")}
-    # CPU per step by role, from the poll that saw step CPU_FROM_STEP to the one that saw the last
+    # CPU per step by role, from the poll that saw step ``warmup`` to the one that saw the last
     # (a poll may see a step or two late: the window is the steps between the two polls' sightings)
     n = max(1, trained - cpu_from[0])
     cpu = {}
@@ -203,23 +203,20 @@ def actorjet_run(seed: int, steps: int, out: Path, runners: int = 2, concurrency
         role = roles[pid]
         cpu[role] = cpu.get(role, 0.0) + (seconds - cpu_from[1].get(pid, 0.0)) / n
     out.write_text(json.dumps({"framework": "actorjet", "seed": seed, "curve": curve,
-                               "critical_path": critical_path(rows),
+                               "critical_path": critical_path(rows, warmup),
                                "train_clock_s": clock(steps), "wall_s": time.perf_counter() - wall0,
                                "checkpoint_s": sum(written.values()),
                                "first_step_s": trains[1]["time"] - t0, "parts": parts,
                                "cpu_s_per_step": cpu}))
 
 
-CPU_FROM_STEP = 10      # CPU is counted from here to the end: startup (model loading, spawning) left out
-
-
-def critical_path(rows: list[dict]) -> dict:
+def critical_path(rows: list[dict], warmup: int) -> dict:
     """The step timeline of the median step (actorjet/monitor/timeline.py): its critical path,
     the median of each segment, and how many trained episodes lack a stage or are out of order."""
     from actorjet.monitor import timeline
 
     steps = timeline.steps(rows)
-    step = timeline.median_step(steps, skip=CPU_FROM_STEP)
+    step = timeline.median_step(steps, skip=warmup)
     if step is None:
         return {}
     return {"step": step.step, "period_s": step.period, "segments": timeline.critical_path(step),
@@ -245,7 +242,7 @@ def process_roles(head, marker: str) -> dict[int, str]:
 
 
 # -- comparison ----------------------------------------------------------------------------------
-def steady(curve: list[dict], after: int = 10) -> float:
+def steady(curve: list[dict], after: int) -> float:
     """Seconds per step once running (from step ``after`` to the end): startup left out."""
     first = next(p for p in curve if p["step"] >= after)
     return (curve[-1]["clock_s"] - first["clock_s"]) / max(1, curve[-1]["step"] - first["step"])
@@ -283,11 +280,15 @@ def main() -> int:
                     "on the cores the server uses) or http (agents/arithmetic_http.py, the same task over plain "
                     "HTTP: what the framework costs without the SDK)")
     ap.add_argument("--label", default="", help="the result file's name (default: from the options)")
-    args = parse(ap, {"seeds": 1, "steps": CPU_FROM_STEP + 2})
-    if args.seeds < 1 or args.runners < 1 or args.concurrency < 1:
-        ap.error("--seeds, --runners and --concurrency must be >= 1")
-    if args.steps < CPU_FROM_STEP + 2:
-        ap.error(f"--steps must be >= {CPU_FROM_STEP + 2}: s/step and CPU are counted after step {CPU_FROM_STEP}")
+    ap.add_argument("--warmup", type=int, default=10,
+                    help="steps left out of s/step and CPU per step: startup (model loading, spawning) (10)")
+    # (the smoke: 4 steps of each, the whole path, at a third of 12 steps' CPU)
+    args = parse(ap, {"seeds": 1, "steps": 4, "warmup": 2})
+    if args.seeds < 1 or args.runners < 1 or args.concurrency < 1 or args.warmup < 1:
+        ap.error("--seeds, --runners, --concurrency and --warmup must be >= 1")
+    if args.steps < args.warmup + 2:
+        ap.error(f"--steps must be >= {args.warmup + 2}: s/step and CPU are counted after step {args.warmup} "
+                 "(--warmup)")
     import importlib.util
 
     if importlib.util.find_spec("trl") is None:
@@ -303,7 +304,7 @@ def main() -> int:
                 t0 = time.time()
                 knobs = [str(args.runners), str(args.concurrency)] if fw == "actorjet" else []
                 knobs.append(args.device)
-                knobs += [args.agent] if fw == "actorjet" else []
+                knobs += [args.agent, str(args.warmup)] if fw == "actorjet" else []
                 child = [sys.executable, __file__, f"_{fw}", str(seed), str(args.steps), str(out), *knobs]
                 proc = subprocess.run(child,
                                       cwd=REPO, capture_output=True, text=True, timeout=3600)
@@ -313,25 +314,26 @@ def main() -> int:
                 result = json.loads(out.read_text())
             runs.append(result)
             last = result["curve"][-1]
-            result["steady_s_per_step"] = steady(result["curve"])
+            result["steady_s_per_step"] = steady(result["curve"], args.warmup)
             print(f"{fw:9s} seed {seed}: {last['accuracy']:.1%} after {last['step']} steps, "
                   f"{result['train_clock_s']:.1f} s of training, {result['steady_s_per_step']:.3f} s/step after "
-                  f"step 10 ({time.time() - t0:.0f} s in all)", flush=True)
+                  f"step {args.warmup} ({time.time() - t0:.0f} s in all)", flush=True)
             if result.get("critical_path"):
                 print("\n".join(result["critical_path"]["lines"]), flush=True)
-    summary = summarize(runs, args.steps)
+    summary = summarize(runs, args.steps, args.warmup)
     name = "vs_trl" if args.only is None and (args.runners, args.concurrency, args.steps) == (2, 64, 150) else \
         f"vs_trl-{args.only or 'both'}-r{args.runners}c{args.concurrency}-{args.steps}steps"
     name += "" if args.device == "cpu" else f"-{args.device}"
     name += "" if args.agent == "sdk" else f"-{args.agent}-agent"
     name = args.label or name
-    write(name, {"steps": args.steps, "seeds": args.seeds, "runners": args.runners, "concurrency": args.concurrency,
+    write(name, {"steps": args.steps, "warmup": args.warmup, "seeds": args.seeds, "runners": args.runners,
+                 "concurrency": args.concurrency,
                  "device": args.device, "agent": args.agent,
                  "runs": runs, "summary": summary})
     return 0
 
 
-def summarize(runs: list[dict], steps: int) -> dict:
+def summarize(runs: list[dict], steps: int, warmup: int) -> dict:
     by = {fw: [r for r in runs if r["framework"] == fw] for fw in ("actorjet", "trl")}
     by = {fw: rs for fw, rs in by.items() if rs}
     equal = min(r["train_clock_s"] for r in runs)          # wall time both reached in every run
@@ -342,7 +344,7 @@ def summarize(runs: list[dict], steps: int) -> dict:
         s["accuracy_at_equal_time"] = [accuracy_at(r["curve"], equal) for r in rs]
         s["s_per_step"] = [r["train_clock_s"] / steps for r in rs]
         s["steady_s_per_step"] = [r["steady_s_per_step"] for r in rs]
-        s["first_10_steps_s"] = [next(p["clock_s"] for p in r["curve"] if p["step"] >= 10) for r in rs]
+        s["warmup_s"] = [next(p["clock_s"] for p in r["curve"] if p["step"] >= warmup) for r in rs]
         s["steps_to_55"] = [steps_to(r["curve"], 0.55) for r in rs]
         s["cpu_s_per_step"] = [sum(r["cpu_s_per_step"].values()) for r in rs]
         s["cpu_by_role"] = {role: [r["cpu_s_per_step"].get(role, 0.0) for r in rs]
@@ -351,10 +353,10 @@ def summarize(runs: list[dict], steps: int) -> dict:
         rows.append((fw, *(ci(s[f"time_to_{int(x * 100)}"]) for x in THRESHOLDS),
                      ci([100 * a for a in s["final_accuracy"]]), ci([100 * a for a in s["accuracy_at_equal_time"]]),
                      f"{statistics.median(s['s_per_step']):.3f}", f"{statistics.median(s['steady_s_per_step']):.3f}",
-                     f"{statistics.median(s['first_10_steps_s']):.1f}", ci(s["steps_to_55"])))
+                     f"{statistics.median(s['warmup_s']):.1f}", ci(s["steps_to_55"])))
     summary["equal_time_s"] = equal
     table(rows, ("framework", "s to 50%", "s to 55%", "s to 60%", f"final % ({steps} steps)",
-                 f"% at {equal:.0f} s", "s/step", "s/step after 10", "s to step 10", "steps to 55%"))
+                 f"% at {equal:.0f} s", "s/step", f"s/step after {warmup}", f"s to step {warmup}", "steps to 55%"))
     if "actorjet" in by and "trl" in by:
         ratio = [a / b for a, b in zip(summary["actorjet"]["time_to_55"], summary["trl"]["time_to_55"])
                  if a is not None and b is not None]
@@ -368,7 +370,7 @@ def summarize(runs: list[dict], steps: int) -> dict:
         total = statistics.median(s["cpu_s_per_step"])
         cpu_rows.append((fw, "all", ci(s["cpu_s_per_step"], 3),
                          f"{total / statistics.median(s['steady_s_per_step']):.2f}"))
-    print("CPU-s per step after step 10 (median [95% CI] over seeds); cores busy = CPU-s ÷ s/step:")
+    print(f"CPU-s per step after step {warmup} (median [95% CI] over seeds); cores busy = CPU-s ÷ s/step:")
     table(cpu_rows, ("framework", "where", "CPU-s/step", "cores busy"))
     if "actorjet" in by:
         parts = {k: statistics.fmean(r["parts"][k] for r in by["actorjet"]) for k in by["actorjet"][0]["parts"]}
@@ -382,6 +384,6 @@ if __name__ == "__main__":
         trl_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), sys.argv[5])
     elif sys.argv[1:2] == ["_actorjet"]:
         actorjet_run(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
-                     sys.argv[7], sys.argv[8])
+                     sys.argv[7], sys.argv[8], int(sys.argv[9]))
     else:
         sys.exit(main())
