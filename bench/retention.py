@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=2000, help="learner steps (default %(default)s)")
     ap.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints (default %(default)s)")
     ap.add_argument("--early", type=int, default=200, help="the step compared with the last (default %(default)s)")
-    args = parse(ap, {"steps": 16, "checkpoint_every": 4, "early": 8})
+    args = parse(ap, {"steps": 8, "checkpoint_every": 2, "early": 4})     # four retentions
     if args.steps < 2 or not 1 <= args.checkpoint_every <= args.steps or not 1 <= args.early < args.steps:
         ap.error("need --steps >= 2, 1 <= --checkpoint-every <= --steps and 1 <= --early < --steps")
     job = {**QUICKSTART_JOB, "models": [dict(QUICKSTART_JOB["models"][0], checkpoint_every=args.checkpoint_every,

@@ -44,28 +44,28 @@ from common import half_width, parse, table, write  # noqa: E402
 from jobs import tiny_arith  # noqa: E402
 from swarm import REPO, Swarm, wait_until  # noqa: E402
 
-def quickstart_job(steps: int) -> str:
-    """The quickstart's job (cli/train_cmds.py) as a config file."""
-    return tiny_arith(steps, group_size=8, groups_per_step=32, runner_concurrency=64,
+def quickstart_job(steps: int, groups: int = 32) -> str:
+    """The quickstart's job (cli/train_cmds.py) as a config file (``groups`` per step: its 32)."""
+    return tiny_arith(steps, group_size=8, groups_per_step=groups, runner_concurrency=64,
                       model="checkpoint_every = 1000\nmax_batch = 256", behavior="agents.arithmetic:behavior")
 
 WATCHED = ("root/registry", "root/model.policy/learner")
 
 
-def start_head(tmp: Path, steps: int):
+def start_head(tmp: Path, steps: int, groups: int):
     """A head on the quickstart's job with 2 local runners: (swarm, head port, token, status())."""
     from actorjet.runtime.head import attach_root, status as head_status
 
     tmp.mkdir(parents=True)
-    (tmp / "job.toml").write_text(quickstart_job(steps))
+    (tmp / "job.toml").write_text(quickstart_job(steps, groups))
     swarm = Swarm(tmp)
     _, port, token = swarm.head(tmp / "run", str(REPO / "supervisors" / "default.toml"), slots=2,
                                 extra=["--config", str(tmp / "job.toml")])
     return swarm, port, token, lambda: head_status(*attach_root(port))
 
 
-def one_run(tmp: Path, steps: int, watchers: int) -> dict:
-    swarm, port, token, status = start_head(tmp, steps)
+def one_run(tmp: Path, steps: int, watchers: int, groups: int) -> dict:
+    swarm, port, token, status = start_head(tmp, steps, groups)
     try:
         wait_until(lambda: status()["models"][0]["learner_step"] >= 5, 300, interval_s=0.5, what="5 steps")
         pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in WATCHED}
@@ -96,11 +96,11 @@ def one_run(tmp: Path, steps: int, watchers: int) -> dict:
         swarm.cleanup()
 
 
-def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float) -> dict:
+def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float, groups: int) -> dict:
     """One head; pollers on and off in alternating windows; step times grouped by window."""
     import time as _time
 
-    swarm, port, token, status = start_head(tmp, steps)
+    swarm, port, token, status = start_head(tmp, steps, groups)
     try:
         wait_until(lambda: status()["models"][0]["learner_step"] >= 10, 300, interval_s=0.5, what="10 steps")
         pids = {a["path"]: a["pid"] for a in status()["actors"] if a["path"] in ("root/registry", "root/door")}
@@ -156,7 +156,7 @@ def windowed_run(tmp: Path, steps: int, watchers: int, window_s: float) -> dict:
 
 def windowed_main(args) -> int:
     with tempfile.TemporaryDirectory(prefix="aj-topcost-") as tmp:
-        out = windowed_run(Path(tmp) / "windows", args.steps, args.watchers, args.windows)
+        out = windowed_run(Path(tmp) / "windows", args.steps, args.watchers, args.windows, args.groups)
     mean, half = half_width(out["pairs"])
     cpu, cpu_half = half_width(out["cpu_pairs"])
     table([("learner step time (median per window)", f"{out['step_time_median_off_s']:.3f} s",
@@ -179,7 +179,12 @@ def main() -> int:
     ap.add_argument("--watchers", type=int, default=1, help="`top`s polling at once (default 1)")
     ap.add_argument("--windows", type=float, default=0,
                     help="measure inside one head: pollers on and off every WINDOWS seconds")
-    args = parse(ap, {"rounds": 1, "steps": 8})      # (a run measures after step 5)
+    ap.add_argument("--groups", type=int, default=32, help="groups of 8 per step (default 32, the quickstart's)")
+    # (a run measures after step 5; the smoke's steps are a quarter of the quickstart's, its
+    # heads' start-up is most of its CPU)
+    args = parse(ap, {"rounds": 1, "steps": 8, "groups": 8})
+    if args.groups < 1 or args.steps < 7 or args.rounds < 1 or args.watchers < 1:
+        ap.error("--groups, --rounds and --watchers take 1 or more, --steps 7 or more (steps after the fifth are measured)")
     if args.windows:
         return windowed_main(args)
     runs = {"watched": [], "alone": []}
@@ -187,7 +192,8 @@ def main() -> int:
         for i in range(args.rounds):
             order = ("watched", "alone") if i % 2 == 0 else ("alone", "watched")
             for mode in order:
-                out = one_run(Path(tmp) / f"{mode}-{i}", args.steps, args.watchers if mode == "watched" else 0)
+                out = one_run(Path(tmp) / f"{mode}-{i}", args.steps, args.watchers if mode == "watched" else 0,
+                              args.groups)
                 runs[mode].append(out)
                 print(f"round {i + 1} {mode}: {out}", flush=True)
     summary = {mode: {"step_time_median_s": statistics.median(r["step_time_median_s"] for r in rs),
@@ -202,8 +208,8 @@ def main() -> int:
         rows.append((label, f"{summary['alone'][key]:.3f} s", f"{summary['watched'][key]:.3f} s",
                      f"{100 * mean:+.1f}% ± {100 * half:.1f}", "<= +2%" if key.startswith("step") else "-"))
     table(rows, ("measure", "alone", f"with {args.watchers} top at 1 Hz", "change (95% CI, paired rounds)", "target"))
-    write("top_cost", {"rounds": args.rounds, "steps": args.steps, "watchers": args.watchers, "runs": runs,
-                       "summary": summary, "changes": changes})
+    write("top_cost", {"rounds": args.rounds, "steps": args.steps, "groups": args.groups, "watchers": args.watchers,
+                       "runs": runs, "summary": summary, "changes": changes})
     return 0
 
 
