@@ -185,6 +185,8 @@ def main() -> int:
     args = parse(ap, {"rounds": 1, "steps": 8, "groups": 8})
     if args.groups < 1 or args.steps < 7 or args.rounds < 1 or args.watchers < 1:
         ap.error("--groups, --rounds and --watchers take 1 or more, --steps 7 or more (steps after the fifth are measured)")
+    if not args.windows >= 0 or (args.windows and args.steps <= 10):       # (NaN fails the first)
+        ap.error("--windows takes seconds (0: paired heads), and needs --steps over 10 (windows start after step 10)")
     if args.windows:
         return windowed_main(args)
     runs = {"watched": [], "alone": []}
